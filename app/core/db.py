@@ -1,0 +1,108 @@
+"""Database access: where the database is, the connection pool, per-tenant transactions."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+import psycopg
+from psycopg.rows import dict_row
+from psycopg_pool import ConnectionPool
+
+from app.core import embedded
+from app.core.config import Settings, get_settings
+
+# Embedded server settings: small machine, durable data (fsync stays on outside tests).
+EMBEDDED_TUNING = {"max_connections": "200", "timezone": "UTC"}
+
+Connection = psycopg.Connection[Any]
+Pool = ConnectionPool[Any]
+
+
+def database_url(settings: Settings | None = None, *, start: bool = True) -> str:
+    """The libpq URL of the database; starts the embedded server when none is configured."""
+    settings = settings or get_settings()
+    if settings.database_url:
+        return settings.database_url
+    if start:
+        return embedded.start(settings.pgdata)
+    st = embedded.status(settings.pgdata)
+    if st.url is None:
+        raise RuntimeError(f"the embedded database at {settings.pgdata} is not running (cft db up)")
+    return st.url
+
+
+def sqlalchemy_url(url: str | None = None) -> str:
+    """The same URL in SQLAlchemy's psycopg 3 dialect form."""
+    url = url or database_url()
+    for prefix in ("postgresql+psycopg://", "postgresql://", "postgres://"):
+        if url.startswith(prefix):
+            return "postgresql+psycopg://" + url[len(prefix) :]
+    return url
+
+
+def connect(url: str | None = None, *, autocommit: bool = False) -> Connection:
+    """A new connection returning rows as dicts."""
+    return psycopg.connect(url or database_url(), autocommit=autocommit, row_factory=dict_row)
+
+
+def make_pool(url: str, *, size: int, name: str = "cft-api") -> Pool:
+    """A connection pool whose connections return dict rows."""
+    return ConnectionPool(
+        url,
+        min_size=1,
+        max_size=size,
+        kwargs={"row_factory": dict_row, "application_name": name},
+        open=True,
+        timeout=10,
+    )
+
+
+def as_tenant(conn: Connection, tenant_id: int) -> None:
+    """Scope the current transaction to one tenant: row-level security does the rest."""
+    conn.execute("SET LOCAL ROLE cft_app")
+    conn.execute("SELECT set_config('cft.tenant_id', %s, true)", (str(int(tenant_id)),))
+
+
+@contextmanager
+def tenant_transaction(
+    pool: Pool,
+    tenant_id: int,
+) -> Iterator[Connection]:
+    """One transaction on behalf of one tenant; commits on success, rolls back on error."""
+    with pool.connection() as conn, conn.transaction():
+        as_tenant(conn, tenant_id)
+        yield conn
+
+
+def migrate(url: str | None = None, revision: str = "head") -> None:
+    """Upgrade the database schema (alembic) to revision."""
+    _alembic("upgrade", url, revision)
+
+
+def downgrade(url: str | None = None, revision: str = "base") -> None:
+    """Downgrade the database schema (alembic) to revision."""
+    _alembic("downgrade", url, revision)
+
+
+def _alembic(command: str, url: str | None, revision: str) -> None:
+    from alembic import command as alembic_command
+    from alembic.config import Config
+
+    root = Path(__file__).resolve().parents[2]
+    cfg = Config(str(root / "alembic.ini"))
+    cfg.set_main_option("script_location", str(root / "migrations"))
+    cfg.set_main_option("sqlalchemy.url", sqlalchemy_url(url).replace("%", "%%"))
+    getattr(alembic_command, command)(cfg, revision)
+
+
+def server_versions(conn: Connection) -> dict[str, str]:
+    """PostgreSQL and pgvector versions of the connected server."""
+    row = conn.execute(
+        "SELECT current_setting('server_version') AS postgres,"
+        " (SELECT extversion FROM pg_extension WHERE extname = 'vector') AS pgvector"
+    ).fetchone()
+    assert row is not None
+    return {"postgres": row["postgres"], "pgvector": row["pgvector"] or "not installed"}

@@ -1,0 +1,127 @@
+"""Domain errors, mapped to HTTP once, with OpenAI-shaped bodies everywhere."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from fastapi import FastAPI, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse
+from starlette.exceptions import HTTPException as StarletteHTTPException
+
+
+class CftError(Exception):
+    """Base of every error a client can cause or observe."""
+
+    status_code = 400
+    error_type = "invalid_request_error"
+    code = "bad_request"
+
+    def __init__(
+        self, message: str, *, code: str | None = None, headers: dict[str, str] | None = None
+    ):
+        super().__init__(message)
+        self.message = message
+        if code:
+            self.code = code
+        self.headers = headers or {}
+
+
+class BadRequest(CftError):
+    """The request is malformed or violates a rule the client can fix."""
+
+
+class Unauthorized(CftError):
+    """No valid API key."""
+
+    status_code = 401
+    error_type = "authentication_error"
+    code = "invalid_api_key"
+
+
+class Forbidden(CftError):
+    """The key is valid but its role may not do this."""
+
+    status_code = 403
+    error_type = "permission_error"
+    code = "forbidden"
+
+
+class NotFound(CftError):
+    """The thing does not exist for this tenant."""
+
+    status_code = 404
+    error_type = "not_found_error"
+    code = "not_found"
+
+
+class Conflict(CftError):
+    """The request conflicts with the current state (e.g. the promotion gate refused)."""
+
+    status_code = 409
+    error_type = "conflict_error"
+    code = "conflict"
+
+
+class PayloadTooLarge(CftError):
+    """The body is over the documented limit."""
+
+    status_code = 413
+    code = "payload_too_large"
+
+
+class Unavailable(CftError):
+    """A dependency (the database, an engine) is down; retry later."""
+
+    status_code = 503
+    error_type = "service_unavailable"
+    code = "unavailable"
+
+
+def error_body(
+    message: str, error_type: str, code: str, param: str | None = None
+) -> dict[str, Any]:
+    """The OpenAI error shape."""
+    return {"error": {"message": message, "type": error_type, "code": code, "param": param}}
+
+
+def _describe_validation(exc: RequestValidationError) -> tuple[str, str | None]:
+    parts = []
+    first_param = None
+    for err in exc.errors()[:5]:
+        loc = [str(p) for p in err.get("loc", ()) if p not in ("body", "query", "path", "header")]
+        where = ".".join(loc) or "body"
+        first_param = first_param or where
+        parts.append(f"{where}: {err.get('msg', 'invalid')}")
+    more = len(exc.errors()) - 5
+    if more > 0:
+        parts.append(f"and {more} more")
+    return "; ".join(parts) or "invalid request", first_param
+
+
+def install(app: FastAPI) -> None:
+    """Register the handlers that turn every error into the OpenAI shape."""
+
+    @app.exception_handler(CftError)
+    async def _cft(_: Request, exc: CftError) -> JSONResponse:
+        return JSONResponse(
+            error_body(exc.message, exc.error_type, exc.code), exc.status_code, headers=exc.headers
+        )
+
+    @app.exception_handler(RequestValidationError)
+    async def _validation(_: Request, exc: RequestValidationError) -> JSONResponse:
+        message, param = _describe_validation(exc)
+        return JSONResponse(
+            error_body(message, "invalid_request_error", "invalid_value", param), 422
+        )
+
+    @app.exception_handler(StarletteHTTPException)
+    async def _http(_: Request, exc: StarletteHTTPException) -> JSONResponse:
+        codes = {404: "not_found", 405: "method_not_allowed", 401: "invalid_api_key"}
+        return JSONResponse(
+            error_body(
+                str(exc.detail), "invalid_request_error", codes.get(exc.status_code, "error")
+            ),
+            exc.status_code,
+            headers=getattr(exc, "headers", None),
+        )

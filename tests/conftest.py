@@ -1,0 +1,44 @@
+"""Session fixtures: the embedded PostgreSQL 18 + pgvector, a migrated template, clones."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+import psycopg
+import pytest
+from psycopg.rows import dict_row
+
+from app.core import embedded
+from tests.support import db as testdb
+
+Conn = psycopg.Connection[dict]  # type: ignore[type-arg]
+
+
+@pytest.fixture(scope="session")
+def pg_server() -> Iterator[str]:
+    """URL of the session's PostgreSQL server (database `postgres`)."""
+    pgdata, url = testdb.start_server()
+    yield url
+    if pgdata.exists():
+        embedded.stop(pgdata, mode="immediate")
+
+
+@pytest.fixture(scope="session")
+def template_url(pg_server: str) -> str:
+    """URL of the migrated template database (do not write to it)."""
+    return testdb.build_template(pg_server)
+
+
+@pytest.fixture
+def db_url(pg_server: str, template_url: str) -> Iterator[str]:
+    """URL of a fresh, migrated database for this test only."""
+    url = testdb.clone(pg_server)
+    yield url
+    testdb.drop(pg_server, url)
+
+
+@pytest.fixture
+def conn(db_url: str) -> Iterator[Conn]:
+    """An autocommit connection (as the owner) to this test's fresh database."""
+    with psycopg.connect(db_url, autocommit=True, row_factory=dict_row) as c:
+        yield c
