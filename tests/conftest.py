@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Iterator
+from pathlib import Path
 
 import psycopg
 import pytest
@@ -42,3 +43,13 @@ def conn(db_url: str) -> Iterator[Conn]:
     """An autocommit connection (as the owner) to this test's fresh database."""
     with psycopg.connect(db_url, autocommit=True, row_factory=dict_row) as c:
         yield c
+
+
+@pytest.fixture(scope="session")
+def models_dir() -> Path:
+    """Converted base models, shared with `make run` (.cft/models): converted once, ~35 s."""
+    from workers import base_model
+
+    path = (Path(__file__).resolve().parents[1] / ".cft" / "models").resolve()
+    base_model.resolve(base_model.BUNDLED, path)
+    return path

@@ -32,11 +32,43 @@ class Settings(BaseSettings):
     partitions_ahead_weeks: int = Field(4, description="Weekly partitions created ahead of now.")
     max_batch_records: int = Field(1000, description="Most records in one POST /v1/logs.")
     max_body_bytes: int = Field(8 * 1024 * 1024, description="Largest accepted request body.")
+    base_model: str = Field(
+        "smollm2-135m-instruct",
+        description="Base model: the bundled SmolLM2-135M-Instruct, a HF model id or a local path.",
+    )
+    artefact_store: str = Field("local", description="Where adapters are stored: local or s3.")
+    artefact_dir: Path | None = Field(
+        None, description="Local artefact store (default CFT_HOME/artefacts)."
+    )
+    s3_bucket: str = Field("cft-adapters", description="S3 bucket of the s3 artefact store.")
+    s3_endpoint_url: str | None = Field(None, description="S3 endpoint (MinIO); unset = AWS.")
+    s3_access_key_id: str | None = Field(None, description="S3 access key id.")
+    s3_secret_access_key: SecretStr | None = Field(None, description="S3 secret key.")
+    s3_region: str = Field("us-east-1", description="S3 region.")
+    engine_urls: str = Field(
+        "", description="Comma-separated OpenAI/vLLM engine base URLs; empty = local engine."
+    )
+    embedding_model: str = Field(
+        "all-MiniLM-L6-v2", description="sentence-transformers model for prompt embeddings."
+    )
+    embedding_url: str | None = Field(
+        None, description="OpenAI-compatible /v1/embeddings endpoint; unset = local model."
+    )
 
     @property
     def embedded(self) -> bool:
         """True when cft runs its own PostgreSQL under CFT_HOME."""
         return not self.database_url
+
+    @property
+    def artefact_path(self) -> Path:
+        """Root of the local artefact store."""
+        return (self.artefact_dir or self.home / "artefacts").resolve()
+
+    @property
+    def models_path(self) -> Path:
+        """Where converted base models are cached."""
+        return (self.home / "models").resolve()
 
     @property
     def pgdata(self) -> Path:

@@ -36,7 +36,7 @@ def test_migrations_upgrade_downgrade_upgrade(pg_server):
             assert c.execute("SELECT to_regclass('public.tenant')").fetchone() == (None,)
         migrate(url)
         with psycopg.connect(url) as c:
-            assert c.execute("SELECT version_num FROM alembic_version").fetchone() == ("0001",)
+            assert c.execute("SELECT version_num FROM alembic_version").fetchone()[0] >= "0005"
             assert c.execute("SELECT count(*) FROM obs.inference_log_partition").fetchone()[0] >= 5
     finally:
         testdb.drop(pg_server, url)
