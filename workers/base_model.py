@@ -8,6 +8,7 @@ Anything else in CFT_BASE_MODEL is a Hugging Face model id or a local directory.
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import logging
@@ -46,10 +47,8 @@ def bundled_revision() -> str:
         for chunk in iter(lambda: f.read(1 << 20), b""):
             h.update(chunk)
     digest = "gguf-sha256:" + h.hexdigest()[:16]
-    try:
+    with contextlib.suppress(OSError):
         stamp.write_text(digest)
-    except OSError:
-        pass
     return digest
 
 
@@ -62,11 +61,10 @@ def convert_bundled(target: Path) -> Path:
     log.info("converting bundled %s to safetensors (one time, ~30 s)", GGUF_FILE)
     tok = AutoTokenizer.from_pretrained(pkg, gguf_file=GGUF_FILE)
     gguf_model = AutoModelForCausalLM.from_pretrained(pkg, gguf_file=GGUF_FILE)
-    config = gguf_model.config
+    config: Any = gguf_model.config
     if hasattr(config, "quantization_config"):
         delattr(config, "quantization_config")
-    config.torch_dtype = torch.bfloat16
-    model = LlamaForCausalLM(config)
+    model: Any = LlamaForCausalLM(config)
     model.load_state_dict(gguf_model.state_dict())
     model = model.to(torch.bfloat16)
     target.parent.mkdir(parents=True, exist_ok=True)
