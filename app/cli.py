@@ -15,6 +15,17 @@ from app.core.db import database_url, migrate
 # Domains that add subcommands: each module has `register(subparsers) -> None`.
 PLUGINS: list[str] = []
 
+# `cft worker NAME`: each module has `add_arguments(parser)` and `run(args) -> int`.
+WORKERS: dict[str, str] = {
+    "maintenance": "workers.maintenance.__main__",
+}
+
+
+def _worker(args: argparse.Namespace) -> int:
+    module = importlib.import_module(WORKERS[args.worker])
+    rc: int = module.run(args)
+    return rc
+
 
 def _db(args: argparse.Namespace) -> int:
     settings = get_settings()
@@ -102,6 +113,13 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--host")
     p.add_argument("--port", type=int)
     p.set_defaults(func=_run)
+
+    p = sub.add_parser("worker", help="run a worker process: " + ", ".join(WORKERS))
+    workers = p.add_subparsers(dest="worker", required=True)
+    for name, module_name in WORKERS.items():
+        wp = workers.add_parser(name, help=f"the {name} worker")
+        importlib.import_module(module_name).add_arguments(wp)
+        wp.set_defaults(func=_worker)
 
     for name in PLUGINS:
         register: Callable[[Any], None] = importlib.import_module(name).register

@@ -1,0 +1,1 @@
+"""Maintenance worker: partitions ahead, rows out of DEFAULT, retention."""

@@ -1,0 +1,53 @@
+"""`python -m workers.maintenance` / `cft worker maintenance`: run passes on an interval."""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import time
+
+from app.core.config import get_settings
+from app.core.db import connect, database_url
+from workers.maintenance.tasks import run_once
+
+log = logging.getLogger("cft.maintenance")
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Run maintenance passes every --interval seconds (or once)."""
+    parser = argparse.ArgumentParser(prog="cft worker maintenance")
+    add_arguments(parser)
+    return run(parser.parse_args(argv))
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    """Flags of the maintenance worker."""
+    parser.add_argument("--once", action="store_true", help="one pass, then exit")
+    parser.add_argument("--interval", type=float, default=3600.0, help="seconds between passes")
+
+
+def run(args: argparse.Namespace) -> int:
+    """Loop until interrupted."""
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
+    settings = get_settings()
+    url = database_url(settings)
+    while True:
+        with connect(url, autocommit=True) as conn:
+            report = run_once(
+                conn,
+                weeks_ahead=settings.partitions_ahead_weeks,
+                retention_days=settings.log_retention_days,
+            )
+        log.info(
+            "partitions created=%s rescued-from-default=%s dropped=%s",
+            report.created,
+            report.rescued,
+            report.dropped,
+        )
+        if args.once:
+            return 0
+        time.sleep(args.interval)
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
