@@ -1,0 +1,133 @@
+"""The router's view of serve.adapter: a TTL cache invalidated at once by NOTIFY cft_adapter."""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections.abc import Callable
+from decimal import Decimal
+
+import psycopg
+from psycopg.rows import dict_row
+
+from app.core.db import Connection
+from app.routing.assign import Canary, RouteState
+
+log = logging.getLogger("cft.routing")
+
+CHANNEL = "cft_adapter"
+
+
+def load_route(conn: Connection, name: str) -> RouteState | None:
+    """Read one route's serving state (as the owner: routing spans tenants)."""
+    route = conn.execute(
+        "SELECT name, tenant_id, base_model, experiment FROM serve.route WHERE name = %s", (name,)
+    ).fetchone()
+    if route is None:
+        return None
+    rows = conn.execute(
+        "SELECT id, status, traffic_pct, created_at FROM serve.adapter"
+        " WHERE route = %s AND status IN ('prod', 'canary') ORDER BY created_at, id",
+        (name,),
+    ).fetchall()
+    prod = next((r["id"] for r in rows if r["status"] == "prod"), None)
+    canaries = [
+        Canary(r["id"], Decimal(r["traffic_pct"]), r["created_at"])
+        for r in rows
+        if r["status"] == "canary"
+    ]
+    return RouteState(
+        name=route["name"],
+        tenant_id=route["tenant_id"],
+        base_model=route["base_model"],
+        experiment=route["experiment"],
+        prod=prod,
+        canaries=canaries,
+    )
+
+
+class RouteTable:
+    """Routes cached for ttl seconds; a NOTIFY on cft_adapter drops the route at once."""
+
+    def __init__(
+        self, url: str, *, ttl: float = 5.0, on_change: Callable[[str], None] | None = None
+    ):
+        self.url = url
+        self.ttl = ttl
+        self.on_change = on_change
+        self._cache: dict[str, tuple[float, RouteState | None]] = {}
+        self._lock = threading.Lock()
+        self._stop = threading.Event()
+        self._listener: threading.Thread | None = None
+        self._conn: Connection | None = None
+        self.listening = threading.Event()
+
+    def get(self, name: str) -> RouteState | None:
+        """The route's state, from cache when fresh."""
+        now = time.monotonic()
+        with self._lock:
+            hit = self._cache.get(name)
+        if hit and now - hit[0] < self.ttl:
+            return hit[1]
+        with self._connection() as conn:
+            state = load_route(conn, name)
+        with self._lock:
+            self._cache[name] = (time.monotonic(), state)
+        return state
+
+    def invalidate(self, name: str | None = None) -> None:
+        """Forget one route (or all)."""
+        with self._lock:
+            if name is None:
+                self._cache.clear()
+            else:
+                self._cache.pop(name, None)
+        if self.on_change and name:
+            self.on_change(name)
+
+    def _connection(self) -> Connection:
+        return psycopg.connect(self.url, autocommit=True, row_factory=dict_row)
+
+    def start(self) -> None:
+        """Start the LISTEN thread (reconnects with backoff; the TTL covers the gaps)."""
+        self._listener = threading.Thread(
+            target=self._listen, name="cft-route-listener", daemon=True
+        )
+        self._listener.start()
+
+    def stop(self) -> None:
+        """Stop listening."""
+        self._stop.set()
+        conn = self._conn
+        if conn is not None:
+            try:
+                conn.cancel_safe()
+            except Exception:
+                log.debug("cancel of listener connection failed", exc_info=True)
+        if self._listener:
+            self._listener.join(timeout=5)
+
+    def _listen(self) -> None:
+        backoff = 0.2
+        while not self._stop.is_set():
+            try:
+                with self._connection() as conn:
+                    self._conn = conn
+                    conn.execute(f"LISTEN {CHANNEL}")
+                    # Anything may have changed while we were not listening.
+                    self.invalidate()
+                    self.listening.set()
+                    backoff = 0.2
+                    while not self._stop.is_set():
+                        for note in conn.notifies(timeout=1.0):
+                            self.invalidate(note.payload)
+            except psycopg.Error:
+                self.listening.clear()
+                if self._stop.is_set():
+                    break
+                log.warning("route listener lost its connection; retrying in %.1fs", backoff)
+                self._stop.wait(backoff)
+                backoff = min(backoff * 2, 5.0)
+            finally:
+                self._conn = None

@@ -1,0 +1,94 @@
+"""The router's split and serve.assign_adapter agree, the share is exact, NOTIFY refreshes."""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+
+from app.routing.table import RouteTable, load_route
+from tests.support.factories import make_adapter, make_route, make_tenant
+
+USERS = 100_000
+
+
+@pytest.mark.parametrize("pct", [1, 5, 50])
+def test_router_and_sql_agree_for_100k_users_with_exact_share(conn, pct):
+    t = make_tenant(conn)
+    r = make_route(conn, tenant_id=t["id"], experiment=f"exp-{pct}")
+    prod = make_adapter(conn, route=r, status="prod", traffic_pct=100)
+    canary = make_adapter(conn, route=r, status="canary", traffic_pct=pct)
+    state = load_route(conn, r["name"])
+    rows = conn.execute(
+        "SELECT g, serve.assign_adapter(%s, 'user-' || g) AS a FROM generate_series(1, %s) g",
+        (r["name"], USERS),
+    ).fetchall()
+    mismatches = [x["g"] for x in rows if state.assign(f"user-{x['g']}").adapter_id != x["a"]]
+    assert mismatches == []
+    share = sum(1 for x in rows if x["a"] == canary["id"]) / USERS
+    # Binomial sampling error of 100k users: 4 sigma.
+    sigma = (pct / 100 * (1 - pct / 100) / USERS) ** 0.5
+    assert abs(share - pct / 100) < 4 * sigma
+    assert {x["a"] for x in rows} == {prod["id"], canary["id"]}
+
+
+def test_two_canaries_take_consecutive_ranges_and_variants(conn):
+    t = make_tenant(conn)
+    r = make_route(conn, tenant_id=t["id"])
+    make_adapter(conn, route=r, status="prod", traffic_pct=100)
+    c1 = make_adapter(conn, route=r, status="canary", traffic_pct=10)
+    c2 = make_adapter(conn, route=r, status="canary", traffic_pct=15)
+    state = load_route(conn, r["name"])
+    got = [state.assign(f"u{i}") for i in range(20000)]
+    by_variant = {v: sum(1 for a in got if a.variant == v) / len(got) for v in "ABC"}
+    assert abs(by_variant["B"] - 0.10) < 0.01 and abs(by_variant["C"] - 0.15) < 0.01
+    assert {a.adapter_id for a in got if a.variant == "B"} == {c1["id"]}
+    assert {a.adapter_id for a in got if a.variant == "C"} == {c2["id"]}
+    rows = conn.execute(
+        "SELECT serve.assign_adapter(%s, 'u' || g) AS a FROM generate_series(0, 1999) g",
+        (r["name"],),
+    ).fetchall()
+    assert [x["a"] for x in rows] == [a.adapter_id for a in got[:2000]]
+
+
+def test_sticky_while_split_unchanged(conn):
+    t = make_tenant(conn)
+    r = make_route(conn, tenant_id=t["id"])
+    make_adapter(conn, route=r, status="prod", traffic_pct=100)
+    make_adapter(conn, route=r, status="canary", traffic_pct=30)
+    state = load_route(conn, r["name"])
+    first = [state.assign(f"user-{i}").adapter_id for i in range(1000)]
+    again = [load_route(conn, r["name"]).assign(f"user-{i}").adapter_id for i in range(1000)]
+    assert first == again
+
+
+def test_route_table_refreshes_on_notify_before_ttl(db_url, conn):
+    t = make_tenant(conn)
+    r = make_route(conn, tenant_id=t["id"])
+    a = make_adapter(conn, route=r, status="prod", traffic_pct=100)
+    table = RouteTable(db_url, ttl=3600)
+    table.start()
+    try:
+        assert table.listening.wait(5)
+        assert table.get(r["name"]).prod == a["id"]
+        conn.execute(
+            "UPDATE serve.adapter SET status='retired', traffic_pct=0 WHERE id=%s", (a["id"],)
+        )
+        deadline = time.monotonic() + 2
+        while table.get(r["name"]).prod is not None:
+            assert time.monotonic() < deadline, "NOTIFY did not refresh the route within 2 s"
+            time.sleep(0.01)
+    finally:
+        table.stop()
+
+
+def test_route_table_converges_within_ttl_without_listener(db_url, conn):
+    t = make_tenant(conn)
+    r = make_route(conn, tenant_id=t["id"])
+    a = make_adapter(conn, route=r, status="prod", traffic_pct=100)
+    table = RouteTable(db_url, ttl=0.3)  # listener never started: notifications are lost
+    assert table.get(r["name"]).prod == a["id"]
+    conn.execute("UPDATE serve.adapter SET status='retired', traffic_pct=0 WHERE id=%s", (a["id"],))
+    assert table.get(r["name"]).prod == a["id"]  # stale within the TTL
+    time.sleep(0.35)
+    assert table.get(r["name"]).prod is None
