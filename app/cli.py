@@ -13,11 +13,18 @@ from app.core.config import get_settings
 from app.core.db import database_url, migrate
 
 # Domains that add subcommands: each module has `register(subparsers) -> None`.
-PLUGINS: list[str] = []
+PLUGINS: list[str] = [
+    "workers.engine.cli",
+    "app.tenants.cli",
+    "app.datasets.cli",
+    "app.adapters.cli",
+]
 
 # `cft worker NAME`: each module has `add_arguments(parser)` and `run(args) -> int`.
 WORKERS: dict[str, str] = {
     "maintenance": "workers.maintenance.__main__",
+    "embed": "workers.embedder.__main__",
+    "train": "workers.trainer.cli",
 }
 
 

@@ -9,15 +9,28 @@ from contextlib import asynccontextmanager
 from fastapi import FastAPI, Request, Response
 
 from app import __version__, health
+from app.adapters import router as adapters_router
 from app.core import errors
 from app.core.config import Settings, get_settings
 from app.core.db import database_url, make_pool
+from app.core.limits import BodyLimitMiddleware
 from app.core.metrics import HTTP_LATENCY, HTTP_REQUESTS
+from app.datasets import router as datasets_router
+from app.logs import router as logs_router
+from app.routing import gateway
+from app.routing import service as routing
+from app.training import router as training_router
 
 
-def create_app(settings: Settings | None = None, *, db_url: str | None = None) -> FastAPI:
-    """Build the application; the pool opens on startup and closes on shutdown."""
+def create_app(
+    settings: Settings | None = None,
+    *,
+    db_url: str | None = None,
+    engine_urls: list[str] | None = None,
+) -> FastAPI:
+    """Build the application; the pool (and the router, given engines) start with it."""
     settings = settings or get_settings()
+    engines = engine_urls if engine_urls is not None else settings.engine_url_list
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
@@ -25,9 +38,16 @@ def create_app(settings: Settings | None = None, *, db_url: str | None = None) -
         app.state.settings = settings
         app.state.db_url = url
         app.state.pool = make_pool(url, size=settings.db_pool_size)
+        app.state.router = None
+        if engines:
+            app.state.router = routing.start(
+                settings, db_url=url, pool=app.state.pool, engine_urls=engines
+            )
         try:
             yield
         finally:
+            if app.state.router is not None:
+                await routing.stop(app.state.router)
             app.state.pool.close()
 
     app = FastAPI(
@@ -38,6 +58,12 @@ def create_app(settings: Settings | None = None, *, db_url: str | None = None) -
     )
     errors.install(app)
     app.include_router(health.router)
+    app.include_router(adapters_router.router)
+    app.include_router(datasets_router.router)
+    app.include_router(logs_router.router)
+    app.add_middleware(BodyLimitMiddleware, max_bytes=settings.max_body_bytes)
+    app.include_router(training_router.router)
+    app.include_router(gateway.router)
 
     @app.middleware("http")
     async def _measure(

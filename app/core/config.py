@@ -48,6 +48,9 @@ class Settings(BaseSettings):
     engine_urls: str = Field(
         "", description="Comma-separated OpenAI/vLLM engine base URLs; empty = local engine."
     )
+    route_cache_ttl: float = Field(
+        5.0, description="Seconds the router caches a route (NOTIFY invalidates at once)."
+    )
     embedding_model: str = Field(
         "all-MiniLM-L6-v2", description="sentence-transformers model for prompt embeddings."
     )
@@ -59,6 +62,11 @@ class Settings(BaseSettings):
     def embedded(self) -> bool:
         """True when cft runs its own PostgreSQL under CFT_HOME."""
         return not self.database_url
+
+    @property
+    def engine_url_list(self) -> list[str]:
+        """CFT_ENGINE_URLS as a list."""
+        return [u.strip() for u in self.engine_urls.split(",") if u.strip()]
 
     @property
     def artefact_path(self) -> Path:

@@ -18,17 +18,30 @@ class CftError(Exception):
     code = "bad_request"
 
     def __init__(
-        self, message: str, *, code: str | None = None, headers: dict[str, str] | None = None
+        self,
+        message: str,
+        *,
+        code: str | None = None,
+        headers: dict[str, str] | None = None,
+        param: str | None = None,
     ):
         super().__init__(message)
         self.message = message
         if code:
             self.code = code
         self.headers = headers or {}
+        self.param = param
 
 
 class BadRequest(CftError):
     """The request is malformed or violates a rule the client can fix."""
+
+
+class Unprocessable(CftError):
+    """The request parsed but a value is invalid (same status as FastAPI's validation)."""
+
+    status_code = 422
+    code = "invalid_value"
 
 
 class Unauthorized(CftError):
@@ -105,7 +118,9 @@ def install(app: FastAPI) -> None:
     @app.exception_handler(CftError)
     async def _cft(_: Request, exc: CftError) -> JSONResponse:
         return JSONResponse(
-            error_body(exc.message, exc.error_type, exc.code), exc.status_code, headers=exc.headers
+            error_body(exc.message, exc.error_type, exc.code, exc.param),
+            exc.status_code,
+            headers=exc.headers,
         )
 
     @app.exception_handler(RequestValidationError)

@@ -9,6 +9,7 @@ record for the batched writer, off the client's latency path.
 
 from __future__ import annotations
 
+import asyncio
 import itertools
 import time
 import uuid
@@ -77,16 +78,16 @@ def _sse_events(buffer: bytes) -> tuple[list[bytes], bytes]:
 
 async def proxy(request: Request, key: IngestKey, kind: str) -> Response:
     """Proxy one OpenAI call for the caller's tenant."""
-    app = request.app
+    runtime = getattr(request.app.state, "router", None)
+    if runtime is None:
+        raise Unavailable("this server has no inference engine configured (set CFT_ENGINE_URLS)")
     body = _parse(await request.body())
     route_name = _route_name(request, body)
-    table = app.state.route_table
-    state: RouteState | None = table.get(route_name)
+    state: RouteState | None = await asyncio.to_thread(runtime.table.get, route_name)
     if state is None or state.tenant_id != key.tenant_id:
         raise NotFound(f"no route named {route_name!r} for this tenant")
     user = _user(request, body)
-    user_hash: bytes | None = app.state.hash_user(user) if user else None
-    assignment: Assignment = state.assign(user_hash.hex() if user_hash else "")
+    assignment: Assignment = state.assign(runtime.hash_user(user).hex() if user else "")
     engine_model = assignment.adapter_id or state.base_model
     if kind == "chat":
         messages = body.get("messages")
@@ -109,18 +110,19 @@ async def proxy(request: Request, key: IngestKey, kind: str) -> Response:
     stream = bool(body.get("stream"))
     if stream:
         upstream_body["stream_options"] = {"include_usage": True}
-    engines: EnginePool = app.state.engines
+    engines: EnginePool = runtime.engines
+    writer = runtime.writer
     url = f"{engines.pick()}/v1/{'chat/completions' if kind == 'chat' else 'completions'}"
     record: dict[str, Any] = {
+        "_tenant_id": key.tenant_id,
         "request_id": str(request_id),
-        "tenant_id": key.tenant_id,
         "route": route_name,
         "adapter_id": engine_model,
         "model": state.base_model,
         "experiment": assignment.experiment if state.canaries else None,
         "variant": assignment.variant if state.canaries else None,
         "messages": messages,
-        "user_hash": user_hash,
+        "user": user,
     }
     headers = {"X-Request-Id": str(request_id), "X-Cft-Adapter": engine_model}
     if assignment.variant:
@@ -131,7 +133,7 @@ async def proxy(request: Request, key: IngestKey, kind: str) -> Response:
             upstream = await engines.client.post(url, json=upstream_body)
         except httpx.HTTPError as exc:
             record |= {"status": "error", "completion": None}
-            await app.state.log_writer.put(record)
+            await writer.put(record)
             raise Unavailable(
                 f"the inference engine is unreachable: {exc}", headers=headers
             ) from exc
@@ -147,7 +149,7 @@ async def proxy(request: Request, key: IngestKey, kind: str) -> Response:
             data["model"] = route_name
         else:
             record["status"] = "error"
-        await app.state.log_writer.put(record)
+        await writer.put(record)
         return Response(orjson.dumps(data), upstream.status_code, headers, "application/json")
 
     async def relay() -> AsyncIterator[bytes]:
@@ -206,7 +208,7 @@ async def proxy(request: Request, key: IngestKey, kind: str) -> Response:
                 tokens_out=usage.get("completion_tokens"),
                 status=status,
             )
-            await app.state.log_writer.put(record)
+            await writer.put(record)
 
     return StreamingResponse(relay(), media_type="text/event-stream", headers=headers)
 

@@ -155,6 +155,17 @@ def test_audit_trigger_records_raw_sql_update_with_actor(conn):
     t = make_tenant(conn)
     r = make_route(conn, tenant_id=t["id"])
     a = make_adapter(conn, route=r, status="candidate")
+    # The canary gate (migration 0003) wants eval results for the policy's required metrics.
+    conn.execute(
+        "INSERT INTO train.promotion_policy (route, suite_id, metric, direction)"
+        " VALUES (%s, 'heldout', 'loss', 'lower')",
+        (r["name"],),
+    )
+    conn.execute(
+        "INSERT INTO train.eval_result (adapter_id, suite_id, metric, score)"
+        " VALUES (%s, 'heldout', 'loss', 1.5)",
+        (a["id"],),
+    )
     with conn.transaction():
         conn.execute("SET LOCAL application_name = 'release-console'")
         conn.execute("SET LOCAL ROLE cft_release")

@@ -1,0 +1,1 @@
+"""Adapters: the registry, eval results and the promotion gate's HTTP face."""

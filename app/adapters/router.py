@@ -1,0 +1,108 @@
+"""HTTP routes of the adapter registry and the promotion gate (rules in service.py and SQL)."""
+
+from __future__ import annotations
+
+from typing import Annotated, Any
+
+from fastapi import APIRouter, Depends
+
+from app.adapters import schemas
+from app.adapters import service as adapters
+from app.core.auth import AdminKey, ApiKey, ReaderKey, ReleaseKey, TrainerKey, tenant_conn
+from app.core.db import Connection
+
+router = APIRouter(tags=["adapters"])
+
+# Commit before the response leaves: a client told "promoted" must find it promoted (the default
+# "request" scope commits after the response is sent).
+TenantConn = Annotated[Connection, Depends(tenant_conn, scope="function")]
+
+
+def _actor(key: ApiKey) -> str:
+    return f"key={key.prefix} role={key.role}"
+
+
+@router.get("/v1/adapters")
+def list_adapters(
+    conn: TenantConn, key: ReaderKey, route: str | None = None
+) -> schemas.AdapterList:
+    """List the tenant's adapters, optionally of one route."""
+    return schemas.AdapterList.model_validate({"data": adapters.list_adapters(conn, route=route)})
+
+
+@router.get("/v1/adapters/{adapter_id}")
+def read_adapter(adapter_id: str, conn: TenantConn, key: ReaderKey) -> schemas.AdapterDetail:
+    """Return one adapter with its eval results and audit events."""
+    detail = adapters.get_detail_or_raise(conn, adapter_id=adapter_id)
+    return schemas.AdapterDetail.model_validate(detail)
+
+
+@router.get("/v1/adapters/{adapter_id}/promotion-check")
+def check_promotion(adapter_id: str, conn: TenantConn, key: ReaderKey) -> schemas.PromotionCheck:
+    """Say whether the gate would promote the adapter over its route's prod now, and why not."""
+    return schemas.PromotionCheck.model_validate(
+        adapters.check_promotion(conn, adapter_id=adapter_id)
+    )
+
+
+@router.post("/v1/adapters/{adapter_id}/canary")
+def start_canary(
+    adapter_id: str, body: schemas.CanaryIn, conn: TenantConn, key: ReleaseKey
+) -> schemas.AdapterOut:
+    """Serve the adapter to traffic_pct % of its route's users (needs eval results)."""
+    row = adapters.start_canary(
+        conn,
+        adapter_id=adapter_id,
+        traffic_pct=body.traffic_pct,
+        reason=body.reason,
+        actor=_actor(key),
+    )
+    return schemas.AdapterOut.model_validate(row)
+
+
+@router.post("/v1/adapters/{adapter_id}/promote")
+def promote(
+    adapter_id: str, conn: TenantConn, key: ReleaseKey, body: schemas.PromoteIn | None = None
+) -> schemas.AdapterOut:
+    """Make the adapter its route's prod if the gate allows (409 with the reasons if not)."""
+    row = adapters.promote(
+        conn, adapter_id=adapter_id, reason=body.reason if body else None, actor=_actor(key)
+    )
+    return schemas.AdapterOut.model_validate(row)
+
+
+@router.post("/v1/adapters/{adapter_id}/rollback")
+def rollback(
+    adapter_id: str, conn: TenantConn, key: ReleaseKey, body: schemas.RollbackIn | None = None
+) -> schemas.AdapterOut:
+    """Retire the prod adapter and restore the one it replaced; returns the restored one."""
+    reason = body.reason if body else schemas.RollbackIn().reason
+    row = adapters.rollback(conn, adapter_id=adapter_id, reason=reason, actor=_actor(key))
+    return schemas.AdapterOut.model_validate(row)
+
+
+@router.post("/v1/adapters/{adapter_id}/eval-results")
+def record_eval_results(
+    adapter_id: str, body: schemas.EvalResultsIn, conn: TenantConn, key: TrainerKey
+) -> list[schemas.EvalResultOut]:
+    """Record scores of an adapter (a recorded suite/metric is replaced)."""
+    rows = adapters.record_eval_results(
+        conn, adapter_id=adapter_id, results=[r.model_dump() for r in body.results]
+    )
+    return [schemas.EvalResultOut.model_validate(r) for r in rows]
+
+
+@router.get("/v1/promotion-policy")
+def read_policy(conn: TenantConn, key: ReaderKey, route: str | None = None) -> schemas.PolicyOut:
+    """The gate's rules: global ones and the route's own."""
+    data: list[dict[str, Any]] = adapters.get_policy(conn, route=route)
+    return schemas.PolicyOut.model_validate({"data": data})
+
+
+@router.put("/v1/promotion-policy")
+def replace_policy(body: schemas.PolicyIn, conn: TenantConn, key: AdminKey) -> schemas.PolicyOut:
+    """Replace a route's own rules (admin keys only: the rules are what the gate enforces)."""
+    adapters.replace_policy(conn, route=body.route, rules=[r.model_dump() for r in body.rules])
+    return schemas.PolicyOut.model_validate(
+        {"data": [r for r in adapters.get_policy(conn, route=body.route) if r["route"]]}
+    )

@@ -1,0 +1,152 @@
+"""Request and response bodies of the adapters API."""
+
+from __future__ import annotations
+
+from datetime import datetime
+from typing import Any, Literal
+
+from pydantic import BaseModel, Field
+
+
+class EvalResultOut(BaseModel):
+    """One score of an adapter on one metric of one suite."""
+
+    suite_id: str
+    metric: str
+    score: float | None
+    judge_model: str | None
+    judged_at: datetime | None
+
+
+class AdapterEventOut(BaseModel):
+    """One audited change of an adapter (who, when, old, new, why)."""
+
+    id: int
+    op: str
+    old_status: str | None
+    new_status: str | None
+    old_traffic_pct: float | None
+    new_traffic_pct: float | None
+    actor: str
+    application_name: str | None
+    reason: str | None
+    override: bool
+    detail: dict[str, Any] | None
+    at: datetime
+
+
+class AdapterOut(BaseModel):
+    """An adapter in the serving registry."""
+
+    id: str
+    tenant_id: int
+    route: str
+    base_model: str
+    base_revision: str | None
+    method: str | None
+    status: str
+    traffic_pct: float
+    sha256: str | None
+    size_bytes: int | None
+    promoted_at: datetime | None
+    previous_prod_id: str | None
+    tainted_at: datetime | None
+    created_at: datetime
+    updated_at: datetime
+
+
+class AdapterDetail(AdapterOut):
+    """An adapter with its eval results and its audit trail."""
+
+    eval_results: list[EvalResultOut]
+    events: list[AdapterEventOut]
+
+
+class AdapterList(BaseModel):
+    """Adapters of the caller's tenant."""
+
+    data: list[AdapterOut]
+
+
+class Blocker(BaseModel):
+    """One reason the gate refuses a promotion."""
+
+    suite_id: str | None
+    metric: str | None
+    direction: str | None
+    candidate_score: float | None
+    current_score: float | None
+    threshold: float | None
+    reason: str
+
+
+class PromotionCheck(BaseModel):
+    """The gate's verdict on promoting an adapter over its route's prod now."""
+
+    adapter_id: str
+    current: str | None
+    allowed: bool
+    blockers: list[Blocker]
+
+
+class CanaryIn(BaseModel):
+    """Start or resize a canary."""
+
+    traffic_pct: float = Field(gt=0, le=100, description="Share of the route's users, in %.")
+    reason: str | None = Field(None, max_length=1000)
+
+
+class PromoteIn(BaseModel):
+    """Promote an adapter to prod (the database gate decides)."""
+
+    reason: str | None = Field(None, max_length=1000)
+
+
+class RollbackIn(BaseModel):
+    """Retire a prod adapter and restore the one it replaced."""
+
+    reason: str = Field("rollback via API", min_length=1, max_length=1000)
+
+
+class EvalResultIn(BaseModel):
+    """One score to record."""
+
+    suite_id: str = Field(min_length=1, max_length=200)
+    metric: str = Field(min_length=1, max_length=200)
+    score: float | None = Field(description="NULL records a failed evaluation.")
+    judge_model: str | None = Field(None, max_length=200)
+
+
+class EvalResultsIn(BaseModel):
+    """Scores of one adapter; a (suite, metric) already recorded is replaced."""
+
+    results: list[EvalResultIn] = Field(min_length=1, max_length=1000)
+
+
+class PolicyRule(BaseModel):
+    """One metric the gate compares."""
+
+    suite_id: str = Field(min_length=1, max_length=200)
+    metric: str = Field(min_length=1, max_length=200)
+    direction: Literal["higher", "lower"]
+    tolerance: float = Field(0.02, ge=0, lt=1, description="Relative to |current score|.")
+    required: bool = True
+
+
+class PolicyRuleOut(PolicyRule):
+    """A rule as stored; route None = global."""
+
+    route: str | None
+
+
+class PolicyOut(BaseModel):
+    """The rules that apply to a route (its own and the global ones)."""
+
+    data: list[PolicyRuleOut]
+
+
+class PolicyIn(BaseModel):
+    """Replace a route's own rules."""
+
+    route: str = Field(min_length=1, max_length=128)
+    rules: list[PolicyRule] = Field(max_length=200)

@@ -1,0 +1,234 @@
+"""Adapter registry rules. The gate itself lives in the database (sql/triggers/adapter_gate_v1.sql);
+this module only asks it and turns its refusals into domain errors."""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import psycopg
+from psycopg import errors as pg_errors
+
+from app.core.db import Connection
+from app.core.errors import BadRequest, Conflict, Forbidden, NotFound
+
+ADAPTER_COLUMNS = (
+    "id, tenant_id, route, base_model, base_revision, method, status, traffic_pct, sha256,"
+    " size_bytes, promoted_at, previous_prod_id, tainted_at, created_at, updated_at"
+)
+
+
+def _finite(value: Any) -> float | None:
+    """A JSON-safe number: NULL, NaN and infinities become None."""
+    if value is None:
+        return None
+    f = float(value)
+    return f if math.isfinite(f) else None
+
+
+def _clean(row: dict[str, Any], *keys: str) -> dict[str, Any]:
+    return row | {k: _finite(row[k]) for k in keys}
+
+
+def _raise_gate(exc: psycopg.Error) -> None:
+    """Map the database's refusal to a domain error (the message carries the reasons)."""
+    message = exc.diag.message_primary or str(exc)
+    if exc.diag.message_hint:
+        message += f" ({exc.diag.message_hint})"
+    if isinstance(exc, pg_errors.InsufficientPrivilege):
+        raise Forbidden(message) from exc
+    if isinstance(exc, pg_errors.CheckViolation | pg_errors.UniqueViolation):
+        code = exc.diag.constraint_name or "conflict"
+        raise Conflict(message, code=code) from exc
+    if isinstance(exc, pg_errors.InvalidParameterValue):
+        raise BadRequest(message) from exc
+    raise exc
+
+
+def list_adapters(conn: Connection, *, route: str | None = None) -> list[dict[str, Any]]:
+    """Adapters visible to the connection, newest first, optionally of one route."""
+    rows = conn.execute(
+        f"SELECT {ADAPTER_COLUMNS} FROM serve.adapter"
+        " WHERE %(route)s::text IS NULL OR route = %(route)s ORDER BY created_at DESC, id",
+        {"route": route},
+    ).fetchall()
+    return [_clean(r, "traffic_pct") for r in rows]
+
+
+def get_adapter(conn: Connection, *, adapter_id: str) -> dict[str, Any] | None:
+    """One adapter, or None."""
+    row = conn.execute(
+        f"SELECT {ADAPTER_COLUMNS} FROM serve.adapter WHERE id = %s", (adapter_id,)
+    ).fetchone()
+    return _clean(row, "traffic_pct") if row else None
+
+
+def get_adapter_or_raise(conn: Connection, *, adapter_id: str) -> dict[str, Any]:
+    """One adapter, or NotFound."""
+    row = get_adapter(conn, adapter_id=adapter_id)
+    if row is None:
+        raise NotFound(f"adapter {adapter_id!r} not found", code="adapter_not_found")
+    return row
+
+
+def get_detail_or_raise(conn: Connection, *, adapter_id: str) -> dict[str, Any]:
+    """One adapter with its eval results and its audit events."""
+    row = get_adapter_or_raise(conn, adapter_id=adapter_id)
+    results = conn.execute(
+        "SELECT suite_id, metric, score, judge_model, judged_at FROM train.eval_result"
+        " WHERE adapter_id = %s ORDER BY suite_id, metric",
+        (adapter_id,),
+    ).fetchall()
+    events = conn.execute(
+        "SELECT id, op, old_status, new_status, old_traffic_pct, new_traffic_pct, actor,"
+        " application_name, reason, override, detail, at FROM serve.adapter_event"
+        " WHERE adapter_id = %s ORDER BY id",
+        (adapter_id,),
+    ).fetchall()
+    return row | {
+        "eval_results": [_clean(r, "score") for r in results],
+        "events": [_clean(e, "old_traffic_pct", "new_traffic_pct") for e in events],
+    }
+
+
+def current_prod(conn: Connection, *, route: str) -> str | None:
+    """The id of the route's prod adapter, or None."""
+    row = conn.execute(
+        "SELECT id FROM serve.adapter WHERE route = %s AND status = 'prod'", (route,)
+    ).fetchone()
+    return str(row["id"]) if row else None
+
+
+def blockers(conn: Connection, *, candidate: str, current: str | None) -> list[dict[str, Any]]:
+    """Why the gate would refuse candidate over current (empty = allowed)."""
+    rows = conn.execute(
+        "SELECT * FROM serve.promotion_blockers(%s, %s)", (candidate, current)
+    ).fetchall()
+    return [_clean(r, "candidate_score", "current_score", "threshold") for r in rows]
+
+
+def check_promotion(conn: Connection, *, adapter_id: str) -> dict[str, Any]:
+    """The gate's verdict on promoting adapter_id over its route's prod now."""
+    row = get_adapter_or_raise(conn, adapter_id=adapter_id)
+    current = current_prod(conn, route=row["route"])
+    # For the prod itself the database answers "candidate and current are the same adapter".
+    found = blockers(conn, candidate=adapter_id, current=current)
+    return {"adapter_id": adapter_id, "current": current, "allowed": not found, "blockers": found}
+
+
+def _annotate(conn: Connection, *, reason: str | None, actor: str | None) -> None:
+    """Let the audit trigger record why, and which API key asked, for this transaction."""
+    if reason:
+        conn.execute("SELECT set_config('cft.reason', %s, true)", (reason,))
+    if actor:
+        conn.execute("SELECT set_config('application_name', %s, true)", (f"cft-api {actor}"[:63],))
+
+
+def _set_status(
+    conn: Connection, *, adapter_id: str, status: str, traffic_pct: float
+) -> dict[str, Any]:
+    try:
+        with conn.transaction():  # a savepoint: a refusal leaves the request's transaction usable
+            conn.execute(
+                "UPDATE serve.adapter SET status = %s, traffic_pct = %s WHERE id = %s",
+                (status, traffic_pct, adapter_id),
+            )
+    except psycopg.Error as exc:
+        _raise_gate(exc)
+    return get_adapter_or_raise(conn, adapter_id=adapter_id)
+
+
+def start_canary(
+    conn: Connection,
+    *,
+    adapter_id: str,
+    traffic_pct: float,
+    reason: str | None = None,
+    actor: str | None = None,
+) -> dict[str, Any]:
+    """Serve adapter_id to traffic_pct % of its route's users (eval results required)."""
+    row = get_adapter_or_raise(conn, adapter_id=adapter_id)
+    if row["status"] not in ("candidate", "canary", "retired"):
+        raise Conflict(
+            f"adapter {adapter_id} is {row['status']}: only a candidate, canary or retired"
+            " adapter can become a canary",
+            code="invalid_status",
+        )
+    _annotate(conn, reason=reason, actor=actor)
+    return _set_status(conn, adapter_id=adapter_id, status="canary", traffic_pct=traffic_pct)
+
+
+def promote(
+    conn: Connection, *, adapter_id: str, reason: str | None = None, actor: str | None = None
+) -> dict[str, Any]:
+    """Make adapter_id its route's prod; the database gate decides and retires the old prod."""
+    row = get_adapter_or_raise(conn, adapter_id=adapter_id)
+    if row["status"] == "prod":
+        raise Conflict(f"adapter {adapter_id} is already prod", code="invalid_status")
+    _annotate(conn, reason=reason, actor=actor)
+    return _set_status(conn, adapter_id=adapter_id, status="prod", traffic_pct=100)
+
+
+def rollback(
+    conn: Connection, *, adapter_id: str, reason: str, actor: str | None = None
+) -> dict[str, Any]:
+    """Retire prod adapter_id and restore the prod it replaced; returns the restored adapter."""
+    row = get_adapter_or_raise(conn, adapter_id=adapter_id)
+    if row["status"] != "prod":
+        raise Conflict(
+            f"adapter {adapter_id} is {row['status']}, not prod: only a prod can be rolled back",
+            code="invalid_status",
+        )
+    _annotate(conn, reason=None, actor=actor)
+    try:
+        with conn.transaction():
+            got = conn.execute(
+                "SELECT serve.rollback(%s, %s) AS id", (row["route"], reason)
+            ).fetchone()
+    except psycopg.Error as exc:
+        _raise_gate(exc)
+    assert got is not None
+    return get_adapter_or_raise(conn, adapter_id=got["id"])
+
+
+def record_eval_results(
+    conn: Connection, *, adapter_id: str, results: list[dict[str, Any]]
+) -> list[dict[str, Any]]:
+    """Store scores of an adapter (a recorded suite/metric is replaced); returns all of them."""
+    get_adapter_or_raise(conn, adapter_id=adapter_id)
+    with conn.cursor() as cur:
+        cur.executemany(
+            "INSERT INTO train.eval_result (adapter_id, suite_id, metric, score, judge_model)"
+            " VALUES (%(adapter_id)s, %(suite_id)s, %(metric)s, %(score)s, %(judge_model)s)"
+            " ON CONFLICT (adapter_id, suite_id, metric) DO UPDATE"
+            " SET score = EXCLUDED.score, judge_model = EXCLUDED.judge_model, judged_at = now()",
+            [r | {"adapter_id": adapter_id} for r in results],
+        )
+    return get_detail_or_raise(conn, adapter_id=adapter_id)["eval_results"]  # type: ignore[no-any-return]
+
+
+def get_policy(conn: Connection, *, route: str | None = None) -> list[dict[str, Any]]:
+    """Rules visible to the connection: the global ones and those of route (or of every route)."""
+    rows = conn.execute(
+        "SELECT route, suite_id, metric, direction, tolerance, required"
+        " FROM train.promotion_policy"
+        " WHERE %(route)s::text IS NULL OR route IS NULL OR route = %(route)s"
+        " ORDER BY route NULLS FIRST, suite_id, metric",
+        {"route": route},
+    ).fetchall()
+    return [_clean(r, "tolerance") for r in rows]
+
+
+def replace_policy(conn: Connection, *, route: str, rules: list[dict[str, Any]]) -> None:
+    """Replace a route's own rules (the global rules are managed in SQL by the operator)."""
+    if conn.execute("SELECT 1 FROM serve.route WHERE name = %s", (route,)).fetchone() is None:
+        raise NotFound(f"route {route!r} not found", code="route_not_found")
+    conn.execute("DELETE FROM train.promotion_policy WHERE route = %s", (route,))
+    with conn.cursor() as cur:
+        cur.executemany(
+            "INSERT INTO train.promotion_policy"
+            " (route, suite_id, metric, direction, tolerance, required)"
+            " VALUES (%(route)s, %(suite_id)s, %(metric)s, %(direction)s, %(tolerance)s,"
+            " %(required)s)",
+            [r | {"route": route} for r in rules],
+        )

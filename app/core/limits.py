@@ -1,0 +1,82 @@
+"""Request body size limit, enforced before anything parses the body."""
+
+from __future__ import annotations
+
+import orjson
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
+
+from app.core.errors import error_body
+
+
+class BodyLimitMiddleware:
+    """Answer 413 (OpenAI error shape) when a body is over max_bytes, declared or streamed."""
+
+    def __init__(self, app: ASGIApp, max_bytes: int) -> None:
+        self.app = app
+        self.max_bytes = max_bytes
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http" or scope["method"] in ("GET", "HEAD", "OPTIONS", "DELETE"):
+            await self.app(scope, receive, send)
+            return
+        for name, value in scope["headers"]:
+            if name == b"content-length":
+                try:
+                    declared = int(value)
+                except ValueError:
+                    await self._reject(send, 400, "Content-Length is not a number")
+                    return
+                if declared > self.max_bytes:
+                    await self._too_large(send)
+                    return
+        # Read the body here (chunked bodies have no Content-Length) and replay it.
+        chunks: list[bytes] = []
+        size = 0
+        more = True
+        while more:
+            message = await receive()
+            if message["type"] == "http.disconnect":
+                return
+            chunk = message.get("body", b"")
+            size += len(chunk)
+            if size > self.max_bytes:
+                await self._too_large(send)
+                return
+            chunks.append(chunk)
+            more = message.get("more_body", False)
+        body = b"".join(chunks)
+        sent = False
+
+        async def replay() -> Message:
+            nonlocal sent
+            if not sent:
+                sent = True
+                return {"type": "http.request", "body": body, "more_body": False}
+            return await receive()
+
+        await self.app(scope, replay, send)
+
+    async def _too_large(self, send: Send) -> None:
+        await self._reject(
+            send,
+            413,
+            f"request body is larger than {self.max_bytes} bytes (CFT_MAX_BODY_BYTES):"
+            " send smaller batches",
+            code="payload_too_large",
+        )
+
+    @staticmethod
+    async def _reject(send: Send, status: int, message: str, code: str = "bad_request") -> None:
+        body = orjson.dumps(error_body(message, "invalid_request_error", code))
+        await send(
+            {
+                "type": "http.response.start",
+                "status": status,
+                "headers": [
+                    (b"content-type", b"application/json"),
+                    (b"content-length", str(len(body)).encode()),
+                    (b"connection", b"close"),
+                ],
+            }
+        )
+        await send({"type": "http.response.body", "body": body})

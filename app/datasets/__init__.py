@@ -1,0 +1,1 @@
+"""Datasets: candidate views over traffic, frozen snapshots, TRL-format exports."""

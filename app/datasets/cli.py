@@ -1,0 +1,122 @@
+"""`cft dataset snapshot|export|verify|refresh`: the datasets domain on the command line."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+from typing import Any
+
+from app.core.db import connect, database_url
+from app.core.errors import CftError
+from app.datasets import service as datasets
+
+
+def register(subparsers: Any) -> None:
+    """Add `cft dataset ...`."""
+    p = subparsers.add_parser("dataset", help="dataset snapshots: snapshot, export, verify")
+    sub = p.add_subparsers(dest="dataset_command", required=True)
+
+    s = sub.add_parser("snapshot", help="freeze a route's traffic into a snapshot")
+    s.add_argument("--tenant", required=True, help="tenant name or id")
+    s.add_argument("--route", required=True)
+    s.add_argument("--method", required=True, choices=datasets.METHODS)
+    s.add_argument("--since", help="window start: ISO date/time or days back (e.g. 30d)")
+    s.add_argument("--until", help="window end (exclusive): ISO date/time; default now")
+    s.add_argument("--dedup-threshold", type=float, default=datasets.DEFAULT_DEDUP_THRESHOLD)
+    s.add_argument("--eval-pct", type=int, default=datasets.DEFAULT_EVAL_PCT)
+    s.add_argument("--neighbours", type=int, default=datasets.DEFAULT_NEIGHBOURS)
+    s.add_argument("--no-refresh", action="store_true", help="use the views as last refreshed")
+    s.set_defaults(func=_snapshot)
+
+    e = sub.add_parser("export", help="write one split of a snapshot as JSONL")
+    e.add_argument("snapshot_id")
+    e.add_argument("--split", choices=datasets.SPLITS, default="train")
+    e.add_argument("-o", "--output", help="file to write; default stdout")
+    e.set_defaults(func=_export)
+
+    v = sub.add_parser("verify", help="recompute a snapshot's set hash and split")
+    v.add_argument("snapshot_id")
+    v.set_defaults(func=_verify)
+
+    r = sub.add_parser("refresh", help="refresh the candidate views")
+    r.set_defaults(func=_refresh)
+
+
+def parse_since(value: str | None) -> datetime | None:
+    """`30d` (days back from now) or an ISO date/time (UTC when no zone is given)."""
+    if not value:
+        return None
+    if value.endswith("d") and value[:-1].isdigit():
+        return datetime.now(UTC) - timedelta(days=int(value[:-1]))
+    parsed = datetime.fromisoformat(value)
+    return parsed if parsed.tzinfo else parsed.replace(tzinfo=UTC)
+
+
+def _tenant_id(conn: Any, tenant: str) -> int:
+    row = conn.execute(
+        "SELECT id FROM tenant WHERE name = %s OR id::text = %s", (tenant, tenant)
+    ).fetchone()
+    if row is None:
+        raise CftError(f"tenant {tenant!r} not found")
+    return int(row["id"])
+
+
+def _snapshot(args: argparse.Namespace) -> int:
+    try:
+        with connect(database_url()) as conn:
+            snap = datasets.create_snapshot(
+                conn,
+                tenant_id=_tenant_id(conn, args.tenant),
+                route=args.route,
+                method=args.method,
+                since=parse_since(args.since),
+                until=parse_since(args.until),
+                dedup_threshold=args.dedup_threshold,
+                eval_pct=args.eval_pct,
+                neighbours=args.neighbours,
+                created_by="cli",
+                refresh=not args.no_refresh,
+            )
+            conn.commit()
+    except CftError as exc:
+        print(f"error: {exc.message}", file=sys.stderr)
+        return 2
+    out = {k: snap[k] for k in ("id", "method", "n_train", "n_eval", "set_hash", "counts")}
+    print(json.dumps(out, default=str, indent=2))
+    return 0
+
+
+def _export(args: argparse.Namespace) -> int:
+    try:
+        with connect(database_url()) as conn:
+            out = Path(args.output) if args.output else sys.stdout
+            n = datasets.write_jsonl(conn, snapshot_id=args.snapshot_id, split=args.split, out=out)
+    except CftError as exc:
+        print(f"error: {exc.message}", file=sys.stderr)
+        return 2
+    if args.output:
+        print(f"wrote {n} examples to {args.output}", file=sys.stderr)
+    return 0
+
+
+def _verify(args: argparse.Namespace) -> int:
+    try:
+        with connect(database_url()) as conn:
+            result = datasets.verify_snapshot(conn, snapshot_id=args.snapshot_id)
+    except CftError as exc:
+        print(f"error: {exc.message}", file=sys.stderr)
+        return 2
+    print(json.dumps(result))
+    ok = result["set_hash_ok"] and result["examples_ok"] and result["split_ok"]
+    return 0 if ok else 1
+
+
+def _refresh(args: argparse.Namespace) -> int:
+    with connect(database_url()) as conn:
+        datasets.refresh_candidates(conn)
+        conn.commit()
+    print("candidate views refreshed")
+    return 0

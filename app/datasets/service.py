@@ -1,0 +1,166 @@
+"""Snapshot rules: freeze candidates into train.dataset_snapshot and export them for TRL.
+
+The work happens in SQL (sql/functions/dataset_snapshot_v1.sql); this module calls it in the
+caller's transaction and reads the frozen rows back. Example formats (TRL conversational):
+sft `{"messages"}`, dpo/orpo/simpo `{"prompt", "chosen", "rejected"}`, kto
+`{"prompt", "completion", "label"}`.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator
+from datetime import datetime
+from pathlib import Path
+from typing import IO, Any
+
+import psycopg
+
+from app.core.db import Connection
+from app.core.errors import BadRequest, Forbidden, NotFound
+
+METHODS = ("sft", "kto", "dpo", "orpo", "simpo")
+SPLITS = ("train", "eval")
+DEFAULT_DEDUP_THRESHOLD = 0.1
+DEFAULT_EVAL_PCT = 10
+DEFAULT_NEIGHBOURS = 10
+
+_SNAPSHOT_COLUMNS = (
+    "id, tenant_id, route, method, query_sql, params, counts, n_train, n_eval, set_hash,"
+    " created_by, created_at, tainted_at, tainted_reason"
+)
+
+
+def refresh_candidates(conn: Connection) -> None:
+    """Refresh the candidate materialised views (CONCURRENTLY: readers are not blocked)."""
+    conn.execute("SELECT train.refresh_dataset_candidates_v1()")
+
+
+def create_snapshot(
+    conn: Connection,
+    *,
+    tenant_id: int,
+    route: str,
+    method: str,
+    since: datetime | None = None,
+    until: datetime | None = None,
+    dedup_threshold: float = DEFAULT_DEDUP_THRESHOLD,
+    eval_pct: int = DEFAULT_EVAL_PCT,
+    neighbours: int = DEFAULT_NEIGHBOURS,
+    created_by: str | None = None,
+    refresh: bool = True,
+) -> dict[str, Any]:
+    """Build, deduplicate, split and freeze one snapshot; returns its row (without examples)."""
+    if method not in METHODS:
+        raise BadRequest(f"unknown method {method!r}: choose one of {', '.join(METHODS)}")
+    try:
+        with conn.transaction():
+            if refresh:
+                refresh_candidates(conn)
+            row = conn.execute(
+                f"SELECT {_SNAPSHOT_COLUMNS} FROM train.create_snapshot_v1("
+                "%s, %s, %s, %s, %s, %s, %s, %s, %s)",
+                (
+                    tenant_id,
+                    route,
+                    method,
+                    since,
+                    until,
+                    dedup_threshold,
+                    eval_pct,
+                    neighbours,
+                    created_by,
+                ),
+            ).fetchone()
+    except psycopg.errors.NoDataFound as exc:
+        raise NotFound(_first_line(exc), code="route_not_found") from exc
+    except psycopg.errors.InvalidParameterValue as exc:
+        raise BadRequest(_first_line(exc), code="invalid_value") from exc
+    except psycopg.errors.InsufficientPrivilege as exc:
+        raise Forbidden(_first_line(exc)) from exc
+    assert row is not None
+    return _as_dict(row)
+
+
+def get_snapshot(conn: Connection, *, snapshot_id: str) -> dict[str, Any] | None:
+    """One snapshot (visible to the connection's tenant under RLS), or None."""
+    try:
+        row = conn.execute(
+            f"SELECT {_SNAPSHOT_COLUMNS} FROM train.dataset_snapshot WHERE id = %s",
+            (snapshot_id,),
+        ).fetchone()
+    except psycopg.errors.InvalidTextRepresentation:
+        return None
+    return _as_dict(row) if row else None
+
+
+def get_snapshot_or_raise(
+    conn: Connection, *, snapshot_id: str, tenant_id: int | None = None
+) -> dict[str, Any]:
+    """One snapshot, or NotFound (also when it belongs to another tenant)."""
+    snap = get_snapshot(conn, snapshot_id=snapshot_id)
+    if snap is None or (tenant_id is not None and snap["tenant_id"] != tenant_id):
+        raise NotFound(f"dataset snapshot {snapshot_id} not found", code="snapshot_not_found")
+    return snap
+
+
+def verify_snapshot(conn: Connection, *, snapshot_id: str) -> dict[str, Any]:
+    """Recompute set_hash, example hashes and split from the stored examples."""
+    row = conn.execute("SELECT * FROM train.verify_snapshot_v1(%s)", (snapshot_id,)).fetchone()
+    if row is None:
+        raise NotFound(f"dataset snapshot {snapshot_id} not found", code="snapshot_not_found")
+    return _as_dict(row)
+
+
+def iter_examples(conn: Connection, *, snapshot_id: str, split: str) -> Iterator[dict[str, Any]]:
+    """The examples of one split in a stable order (by example hash)."""
+    if split not in SPLITS:
+        raise BadRequest(f"unknown split {split!r}: choose train or eval")
+    cur = conn.cursor()
+    cur.execute(
+        "SELECT example FROM train.dataset_example WHERE snapshot_id = %s AND split = %s"
+        " ORDER BY example_hash",
+        (snapshot_id, split),
+    )
+    for row in cur:
+        example = row["example"] if isinstance(row, dict) else row[0]
+        yield example
+
+
+def export_snapshot(conn: Connection, *, snapshot_id: str, split: str) -> list[dict[str, Any]]:
+    """The examples of one split of a snapshot, in TRL's conversational format."""
+    get_snapshot_or_raise(conn, snapshot_id=str(snapshot_id))
+    return list(iter_examples(conn, snapshot_id=str(snapshot_id), split=split))
+
+
+def jsonl_lines(examples: Iterator[dict[str, Any]] | list[dict[str, Any]]) -> Iterator[str]:
+    """One JSON document per line, keys sorted, non-ASCII kept."""
+    for example in examples:
+        yield json.dumps(example, ensure_ascii=False, sort_keys=True) + "\n"
+
+
+def write_jsonl(conn: Connection, *, snapshot_id: str, split: str, out: Path | IO[str]) -> int:
+    """Write one split as JSONL (a path or an open text file); returns the number of lines."""
+    get_snapshot_or_raise(conn, snapshot_id=str(snapshot_id))
+    lines = jsonl_lines(iter_examples(conn, snapshot_id=str(snapshot_id), split=split))
+    n = 0
+    if isinstance(out, Path):
+        with out.open("w", encoding="utf-8") as fh:
+            for line in lines:
+                fh.write(line)
+                n += 1
+    else:
+        for line in lines:
+            out.write(line)
+            n += 1
+    return n
+
+
+def _first_line(exc: BaseException) -> str:
+    diag = getattr(exc, "diag", None)
+    message = getattr(diag, "message_primary", None)
+    return str(message or str(exc).splitlines()[0])
+
+
+def _as_dict(row: Any) -> dict[str, Any]:
+    return dict(row) if isinstance(row, dict) else dict(row._asdict())

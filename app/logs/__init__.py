@@ -1,0 +1,1 @@
+"""Observe: inference-log and feedback ingestion."""

@@ -1,0 +1,89 @@
+"""Rules for tenants and API keys; callers pass an owner connection (no tenant scope)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from psycopg import errors as pg_errors
+
+from app.core import auth
+from app.core.db import Connection
+from app.core.errors import Conflict, NotFound, Unprocessable
+
+
+def create_tenant(conn: Connection, *, name: str, consent_training: bool = False) -> dict[str, Any]:
+    """Create a tenant; Conflict if the name is taken, Unprocessable if it is malformed."""
+    try:
+        with conn.transaction():
+            row: dict[str, Any] | None = conn.execute(
+                "INSERT INTO tenant (name, consent_training) VALUES (%s, %s) RETURNING *",
+                (name, consent_training),
+            ).fetchone()
+    except pg_errors.UniqueViolation:
+        raise Conflict(f"a tenant named {name!r} exists already") from None
+    except pg_errors.CheckViolation:
+        raise Unprocessable(
+            f"tenant name {name!r} must be lower-case letters, digits, '_', '.' or '-'"
+            " (up to 63, starting with a letter or digit)"
+        ) from None
+    assert row is not None
+    return row
+
+
+def list_tenants(conn: Connection) -> list[dict[str, Any]]:
+    """Every tenant with its number of live keys."""
+    return conn.execute(
+        "SELECT t.id, t.name, t.consent_training, t.created_at,"
+        " (SELECT count(*) FROM auth.api_key k WHERE k.tenant_id = t.id AND k.revoked_at IS NULL)"
+        " AS live_keys FROM tenant t ORDER BY t.id"
+    ).fetchall()
+
+
+def get_tenant_or_raise(conn: Connection, ref: str) -> dict[str, Any]:
+    """A tenant by name or numeric id."""
+    row: dict[str, Any] | None = conn.execute(
+        "SELECT * FROM tenant WHERE name = %s OR id::text = %s", (ref, ref)
+    ).fetchone()
+    if row is None:
+        raise NotFound(f"no tenant {ref!r} (see `cft tenant list`)")
+    return row
+
+
+def create_key(
+    conn: Connection, *, tenant: str, role: str, name: str | None = None
+) -> tuple[dict[str, Any], str]:
+    """A new key for a tenant: its row and the key itself (shown once)."""
+    if role not in auth.ROLES:
+        raise Unprocessable(f"unknown role {role!r}: choose one of {', '.join(auth.ROLES)}")
+    t = get_tenant_or_raise(conn, tenant)
+    key = auth.create_key(conn, tenant_id=t["id"], role=role, name=name)
+    row: dict[str, Any] | None = conn.execute(
+        "SELECT id, tenant_id, role, prefix, name, created_at FROM auth.api_key"
+        " WHERE key_hash = %s",
+        (auth.hash_key(key),),
+    ).fetchone()
+    assert row is not None
+    return row, key
+
+
+def revoke_key(conn: Connection, ref: str) -> dict[str, Any]:
+    """Revoke a key by prefix or id; NotFound if no live key matches."""
+    row: dict[str, Any] | None = conn.execute(
+        "UPDATE auth.api_key SET revoked_at = now()"
+        " WHERE (prefix = %s OR id::text = %s) AND revoked_at IS NULL"
+        " RETURNING id, tenant_id, role, prefix, revoked_at",
+        (ref, ref),
+    ).fetchone()
+    if row is None:
+        raise NotFound(f"no live key with prefix or id {ref!r} (see `cft key list`)")
+    return row
+
+
+def list_keys(conn: Connection, *, tenant: str) -> list[dict[str, Any]]:
+    """A tenant's keys (never the key itself: only its prefix)."""
+    t = get_tenant_or_raise(conn, tenant)
+    return conn.execute(
+        "SELECT id, role, prefix, name, created_at, revoked_at FROM auth.api_key"
+        " WHERE tenant_id = %s ORDER BY id",
+        (t["id"],),
+    ).fetchall()

@@ -1,0 +1,188 @@
+"""The OpenAI-compatible gateway end to end: real engine, real API server, real PostgreSQL."""
+
+from __future__ import annotations
+
+import time
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+
+import httpx
+import openai
+import psycopg
+import pytest
+from psycopg.rows import dict_row
+
+from app.core.auth import create_key
+from app.core.pseudonym import user_hash, user_secret
+from app.main import create_app
+from tests.support.factories import make_adapter, make_route, make_tenant
+from tests.support.servers import serve_app
+from workers import base_model
+from workers.engine.core import Engine
+from workers.engine.server import create_app as create_engine_app
+
+pytestmark = pytest.mark.slow
+BASE = base_model.BUNDLED
+
+
+def random_adapter(models_dir: Path, target: Path, seed: int) -> Path:
+    """A small random LoRA adapter that changes the output."""
+    import torch
+    from peft import LoraConfig, get_peft_model
+
+    torch.manual_seed(seed)
+    model = get_peft_model(
+        base_model.load_model(BASE, models_dir),
+        LoraConfig(r=8, lora_alpha=16, target_modules=["q_proj", "v_proj"], init_lora_weights=False),
+    )
+    with torch.no_grad():
+        for name, param in model.named_parameters():
+            if "lora_B" in name:
+                param.mul_(4)
+    model.save_pretrained(target)
+    return target
+
+
+@pytest.fixture(scope="module")
+def engine_url(models_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+    eng = Engine(BASE, models_dir, max_loras=4, batch_wait_ms=5)
+    with serve_app(create_engine_app(eng), ready_path="/health") as url:
+        yield url
+    eng.close()
+
+
+@pytest.fixture
+def setup(db_url: str, engine_url: str, models_dir: Path, tmp_path: Path):
+    with psycopg.connect(db_url, autocommit=True, row_factory=dict_row) as c:
+        t = make_tenant(c)
+        r = make_route(c, tenant_id=t["id"], base_model=BASE, experiment="gw-exp")
+        prod = make_adapter(c, route=r, id=f"prod-{uuid.uuid4().hex[:6]}", status="prod", traffic_pct=100)
+        key = create_key(c, tenant_id=t["id"], role="client")
+    path = random_adapter(models_dir, tmp_path / "prod", seed=3)
+    resp = httpx.post(
+        engine_url + "/v1/load_lora_adapter",
+        json={"lora_name": prod["id"], "lora_path": str(path)},
+        timeout=60,
+    )
+    assert resp.status_code == 200, resp.text
+    with serve_app(create_app(db_url=db_url, engine_urls=[engine_url])) as api:
+        yield {"api": api, "key": key, "route": r, "prod": prod, "db_url": db_url, "tenant": t}
+
+
+def wait_for_log(db_url: str, request_id: str, timeout: float = 10.0) -> dict:
+    deadline = time.monotonic() + timeout
+    with psycopg.connect(db_url, autocommit=True, row_factory=dict_row) as c:
+        while True:
+            row = c.execute(
+                "SELECT * FROM obs.inference_log WHERE request_id = %s", (request_id,)
+            ).fetchone()
+            if row:
+                return row
+            assert time.monotonic() < deadline, f"log row {request_id} never written"
+            time.sleep(0.05)
+
+
+def test_chat_through_openai_client_is_routed_and_logged(setup):
+    client = openai.OpenAI(base_url=setup["api"] + "/v1", api_key=setup["key"], max_retries=0)
+    raw = client.chat.completions.with_raw_response.create(
+        model=setup["route"]["name"],
+        messages=[{"role": "user", "content": "Say hello."}],
+        max_tokens=6,
+        temperature=0,
+        user="alice@example.com",
+    )
+    resp = raw.parse()
+    rid = raw.headers["x-request-id"]
+    assert raw.headers["x-cft-adapter"] == setup["prod"]["id"]
+    assert resp.choices[0].message.content
+    assert resp.model == setup["route"]["name"]
+    row = wait_for_log(setup["db_url"], rid)
+    assert row["adapter_id"] == setup["prod"]["id"]
+    assert row["route"] == setup["route"]["name"]
+    assert row["completion"] == resp.choices[0].message.content
+    assert row["tokens_out"] == resp.usage.completion_tokens
+    assert row["status"] == "ok"
+    assert bytes(row["user_hash"]) == user_hash("alice@example.com", user_secret())
+    # Feedback goes to the same request id.
+    fb = httpx.post(
+        f"{setup['api']}/v1/logs/{rid}/feedback",
+        json={"thumbs": 1},
+        headers={"Authorization": f"Bearer {setup['key']}"},
+    )
+    assert fb.status_code == 200, fb.text
+
+
+def test_streaming_relays_tokens_and_logs_ttft(setup):
+    client = openai.OpenAI(base_url=setup["api"] + "/v1", api_key=setup["key"], max_retries=0)
+    with client.chat.completions.with_streaming_response.create(
+        model=setup["route"]["name"],
+        messages=[{"role": "user", "content": "Count to three."}],
+        max_tokens=6,
+        temperature=0,
+        stream=True,
+        user="bob",
+    ) as raw:
+        rid = raw.headers["x-request-id"]
+        pieces = [c.choices[0].delta.content or "" for c in raw.parse() if c.choices]
+    row = wait_for_log(setup["db_url"], rid)
+    assert row["completion"] == "".join(pieces) and row["completion"]
+    assert row["ttft_ms"] is not None and row["ttft_ms"] >= 0
+    assert row["status"] == "ok"
+    assert row["tokens_out"] and row["tokens_out"] > 0
+
+
+def test_canary_split_matches_sql_assignment(setup, models_dir, engine_url, tmp_path):
+    db_url, r = setup["db_url"], setup["route"]
+    with psycopg.connect(db_url, autocommit=True, row_factory=dict_row) as c:
+        canary = make_adapter(c, route=r, id=f"canary-{uuid.uuid4().hex[:6]}", status="canary", traffic_pct=50)
+    path = random_adapter(models_dir, tmp_path / "canary", seed=4)
+    httpx.post(
+        engine_url + "/v1/load_lora_adapter",
+        json={"lora_name": canary["id"], "lora_path": str(path)},
+        timeout=60,
+    ).raise_for_status()
+    headers = {"Authorization": f"Bearer {setup['key']}"}
+    secret = user_secret()
+    seen = set()
+    with psycopg.connect(db_url, autocommit=True) as c:
+        for i in range(8):
+            user = f"user-{i}"
+            resp = httpx.post(
+                f"{setup['api']}/v1/completions",
+                json={"model": r["name"], "prompt": "Hi", "max_tokens": 2, "user": user},
+                headers=headers,
+                timeout=60,
+            )
+            assert resp.status_code == 200, resp.text
+            expected = c.execute(
+                "SELECT serve.assign_adapter(%s, %s)", (r["name"], user_hash(user, secret).hex())
+            ).fetchone()[0]
+            assert resp.headers["x-cft-adapter"] == expected
+            seen.add(resp.headers["x-cft-variant"])
+            row = wait_for_log(db_url, resp.headers["x-request-id"])
+            assert row["experiment"] == "gw-exp" and row["variant"] == resp.headers["x-cft-variant"]
+    assert seen <= {"A", "B"}
+
+
+def test_unknown_route_and_other_tenants_route_are_404(setup):
+    with psycopg.connect(setup["db_url"], autocommit=True, row_factory=dict_row) as c:
+        other = make_tenant(c)
+        foreign = make_route(c, tenant_id=other["id"], base_model=BASE)
+    headers = {"Authorization": f"Bearer {setup['key']}"}
+    for name in ("no-such-route", foreign["name"]):
+        resp = httpx.post(
+            f"{setup['api']}/v1/chat/completions",
+            json={"model": name, "messages": [{"role": "user", "content": "x"}]},
+            headers=headers,
+        )
+        assert resp.status_code == 404
+        assert resp.json()["error"]["code"] == "not_found"
+
+
+def test_gateway_needs_a_key(setup):
+    resp = httpx.post(
+        f"{setup['api']}/v1/chat/completions",
+        json={"model": setup["route"]["name"], "messages": [{"role": "user", "content": "x"}]},
+    )
+    assert resp.status_code == 401

@@ -1,0 +1,53 @@
+"""One embedding pass: claim rows without an embedding, embed their prompts, write them back."""
+
+from __future__ import annotations
+
+from app.core.db import Connection
+from workers.embedder.model import Encoder, prompt_text, to_halfvec
+
+# Newest first: fresh traffic is what the next snapshot needs. SKIP LOCKED lets several
+# embedders share the backlog; `embedding IS NULL` in the UPDATE keeps a pass idempotent.
+_CLAIM = """
+SELECT id, created_at, messages FROM obs.inference_log
+ WHERE embedding IS NULL
+ ORDER BY created_at DESC
+ LIMIT %s
+ FOR UPDATE SKIP LOCKED
+"""
+_WRITE = """
+UPDATE obs.inference_log l SET embedding = v.embedding
+  FROM unnest(%s::bigint[], %s::timestamptz[], %s::halfvec[]) AS v(id, created_at, embedding)
+ WHERE l.id = v.id AND l.created_at = v.created_at AND l.embedding IS NULL
+"""
+
+
+def embed_batch(conn: Connection, encoder: Encoder, *, batch_size: int) -> int:
+    """Embed up to batch_size pending rows in one transaction; returns how many were written."""
+    with conn.transaction():
+        rows = conn.execute(_CLAIM, (batch_size,)).fetchall()
+        if not rows:
+            return 0
+        vectors = encoder([prompt_text(r["messages"]) for r in rows])
+        cur = conn.execute(
+            _WRITE,
+            (
+                [r["id"] for r in rows],
+                [r["created_at"] for r in rows],
+                [to_halfvec(v) for v in vectors],
+            ),
+        )
+        return cur.rowcount
+
+
+def embed_pending(
+    conn: Connection, encoder: Encoder, *, batch_size: int = 256, limit: int | None = None
+) -> int:
+    """Embed batches until nothing is pending (or limit rows are done); returns the total."""
+    total = 0
+    while limit is None or total < limit:
+        size = batch_size if limit is None else min(batch_size, limit - total)
+        n = embed_batch(conn, encoder, batch_size=size)
+        if n == 0:
+            break
+        total += n
+    return total

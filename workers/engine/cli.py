@@ -1,0 +1,73 @@
+"""`cft engine`: run the local engine (flags named like `vllm serve`'s)."""
+
+from __future__ import annotations
+
+import argparse
+import logging
+from typing import Any
+
+from app.core.config import get_settings
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    """The engine's flags."""
+    p.add_argument("--base-model", help="base model (default CFT_BASE_MODEL)")
+    p.add_argument("--served-model-name", help="name of the base in /v1/models")
+    p.add_argument("--host", default="127.0.0.1")
+    p.add_argument("--port", type=int, default=8000)
+    p.add_argument("--max-loras", type=int, default=4, help="most adapters in one batch")
+    p.add_argument("--max-cpu-loras", type=int, default=None, help="most adapters in memory (LRU)")
+    p.add_argument("--max-lora-rank", type=int, default=64)
+    p.add_argument("--max-num-seqs", type=int, default=16, help="most requests in one batch")
+    p.add_argument("--batch-wait-ms", type=float, default=10.0)
+    p.add_argument(
+        "--lora-modules",
+        nargs="*",
+        default=[],
+        metavar="NAME=PATH",
+        help="adapters to load at start",
+    )
+
+
+def run(args: argparse.Namespace) -> int:
+    """Load the model, then serve until interrupted."""
+    import uvicorn
+
+    from workers.engine.core import Engine
+    from workers.engine.server import create_app
+
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(message)s")
+    settings = get_settings()
+    engine = Engine(
+        args.base_model or settings.base_model,
+        settings.models_path,
+        served_name=args.served_model_name,
+        max_loras=args.max_loras,
+        max_cpu_loras=args.max_cpu_loras,
+        max_lora_rank=args.max_lora_rank,
+        max_batch=args.max_num_seqs,
+        batch_wait_ms=args.batch_wait_ms,
+    )
+    for spec in args.lora_modules:
+        name, _, path = spec.partition("=")
+        engine.load_adapter(name, path)
+    print(f"cft engine serving {engine.base_name} on http://{args.host}:{args.port}", flush=True)
+    try:
+        uvicorn.run(create_app(engine), host=args.host, port=args.port, log_level="warning")
+    finally:
+        engine.close()
+    return 0
+
+
+def register(subparsers: Any) -> None:
+    """Add `cft engine`."""
+    p = subparsers.add_parser("engine", help="the local engine (vLLM's OpenAI + LoRA API)")
+    add_arguments(p)
+    p.set_defaults(func=run)
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Entry point of `python -m workers.engine`."""
+    parser = argparse.ArgumentParser(prog="python -m workers.engine", description=__doc__)
+    add_arguments(parser)
+    return run(parser.parse_args(argv))
