@@ -2,20 +2,15 @@
 
 from __future__ import annotations
 
-from typing import Annotated, Any
+from typing import Any
 
-from fastapi import APIRouter, Depends
+from fastapi import APIRouter
 
 from app.adapters import schemas
 from app.adapters import service as adapters
-from app.core.auth import AdminKey, ApiKey, ReaderKey, ReleaseKey, TrainerKey, tenant_conn
-from app.core.db import Connection
+from app.core.auth import AdminKey, ApiKey, ReaderKey, ReleaseKey, TenantConn, TrainerKey
 
 router = APIRouter(tags=["adapters"])
-
-# Commit before the response leaves: a client told "promoted" must find it promoted (the default
-# "request" scope commits after the response is sent).
-TenantConn = Annotated[Connection, Depends(tenant_conn, scope="function")]
 
 
 def _actor(key: ApiKey) -> str:

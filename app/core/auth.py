@@ -124,7 +124,9 @@ TrainerKey = Annotated[ApiKey, Depends(require("trainer"))]
 ReleaseKey = Annotated[ApiKey, Depends(require("release"))]
 ReaderKey = Annotated[ApiKey, Depends(require("reader", "trainer", "release"))]
 AdminKey = Annotated[ApiKey, Depends(require())]
-TenantConn = Annotated[Connection, Depends(tenant_conn)]
+# scope="function": the transaction commits before the response is sent, so a 2xx is only
+# ever sent for work that is committed (FastAPI's default tears down after sending).
+TenantConn = Annotated[Connection, Depends(tenant_conn, scope="function")]
 
 __all__: list[Any] = [
     "ROLES",

@@ -31,4 +31,4 @@ def get_conn(pool: Annotated[Pool, Depends(get_pool)]) -> Iterator[Connection]:
         ) from exc
 
 
-Conn = Annotated[Connection, Depends(get_conn)]
+Conn = Annotated[Connection, Depends(get_conn, scope="function")]  # commit before responding

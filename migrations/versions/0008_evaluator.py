@@ -1,0 +1,31 @@
+"""Evaluator: task suites and eval requests.
+
+Revision ID: 0008
+Revises: 0007
+"""
+
+from alembic import op
+
+from app.core.config import get_settings
+from app.core.sqlfiles import run_files
+
+revision = "0008"
+down_revision = "0007"
+branch_labels = None
+depends_on = None
+
+# SQL files this migration runs, in order (paths under sql/).
+FILES: list[str] = []
+# SQL that undoes them (drop what FILES created).
+DOWNGRADE_SQL = ""
+
+
+def upgrade() -> None:
+    if FILES:
+        conn = op.get_bind().connection.driver_connection
+        run_files(conn, FILES, embedding_dim=get_settings().embedding_dim)
+
+
+def downgrade() -> None:
+    if DOWNGRADE_SQL:
+        op.get_bind().connection.driver_connection.execute(DOWNGRADE_SQL)
