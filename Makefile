@@ -5,7 +5,7 @@ PY     := $(VENV)/bin/python
 PIP    := $(VENV)/bin/pip
 STAMP  := $(VENV)/.cft-installed
 
-.PHONY: run test lint fmt bench fuzz clean venv
+.PHONY: run test lint fmt bench fuzz clean venv browser
 
 venv: $(STAMP)
 
@@ -31,7 +31,12 @@ fmt: $(STAMP)
 	$(VENV)/bin/ruff format .
 	$(VENV)/bin/ruff check --fix .
 
-test: $(STAMP) lint
+# The dashboard's browser test drives Debian's chromium (Playwright never downloads a browser);
+# installed only when missing.
+browser:
+	@command -v chromium >/dev/null 2>&1 || { apt-get update -q && apt-get install -y -q chromium; }
+
+test: $(STAMP) lint browser
 	$(PY) -m pytest -q -p no:cacheprovider
 
 bench: $(STAMP)

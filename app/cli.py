@@ -25,6 +25,8 @@ WORKERS: dict[str, str] = {
     "maintenance": "workers.maintenance.__main__",
     "embed": "workers.embedder.__main__",
     "train": "workers.trainer.cli",
+    "experiments": "app.experiments.worker",
+    "reconcile": "app.routing.reconciler",
 }
 
 

@@ -16,6 +16,8 @@ from app.core.db import database_url, make_pool
 from app.core.limits import BodyLimitMiddleware
 from app.core.metrics import HTTP_LATENCY, HTTP_REQUESTS
 from app.datasets import router as datasets_router
+from app.experiments import dashboard as experiments_dashboard
+from app.experiments import router as experiments_router
 from app.logs import router as logs_router
 from app.routing import gateway
 from app.routing import service as routing
@@ -63,6 +65,8 @@ def create_app(
     app.include_router(logs_router.router)
     app.add_middleware(BodyLimitMiddleware, max_bytes=settings.max_body_bytes)
     app.include_router(training_router.router)
+    app.include_router(experiments_router.router)
+    app.include_router(experiments_dashboard.router)
     app.include_router(gateway.router)
 
     @app.middleware("http")

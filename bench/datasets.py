@@ -22,9 +22,9 @@ from psycopg.rows import dict_row
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from app.core import embedded  # noqa: E402
-from app.core.db import migrate  # noqa: E402
-from app.datasets import service as datasets  # noqa: E402
+from app.core import embedded
+from app.core.db import migrate
+from app.datasets import service as datasets
 
 LOAD = """
 CREATE TEMP TABLE base AS
@@ -40,7 +40,7 @@ SELECT gen_random_uuid(), %(tenant)s, %(route)s, 'base',
        i %% 10 = 5,
        (SELECT array_agg(b.v[d] + CASE WHEN para THEN ((random() - 0.5) * 0.05)::real ELSE 0 END
                          ORDER BY d)
-          FROM base b, generate_series(1, 384) d WHERE b.k = src)::halfvec(384),
+          FROM generate_series(1, 384) d)::halfvec(384),
        now() - make_interval(days => i %% 50, secs => i %% 86400)
   FROM (SELECT i,
                CASE WHEN i <= %(k)s THEN i ELSE 1 + (i * 7919) %% %(k)s END AS src,
@@ -49,7 +49,8 @@ SELECT gen_random_uuid(), %(tenant)s, %(route)s, 'base',
                     WHEN i %% 2 = 0 THEN 'QUESTION NUMBER ' || (1 + (i * 7919) %% %(k)s) || ' about  the product'
                     ELSE 'Question ' || (1 + (i * 7919) %% %(k)s) || ', asked again in other words (' || i || ')'
                END AS txt
-          FROM generate_series(1, %(n)s) i) s;
+          FROM generate_series(1, %(n)s) i) s
+  JOIN base b ON b.k = s.src;
 INSERT INTO obs.inference_log (request_id, tenant_id, route, adapter_id, messages, completion,
                                tokens_out, parent_id, embedding, created_at)
 SELECT gen_random_uuid(), tenant_id, route, 'base', messages, 'better ' || completion,
@@ -87,6 +88,7 @@ def main() -> int:
     args = ap.parse_args()
 
     url = args.database_url
+    pgdata = None
     if not url:
         pgdata = Path(tempfile.mkdtemp(prefix="cft-bench-")) / "pg"
         url = embedded.start(
@@ -97,10 +99,18 @@ def main() -> int:
                 "full_page_writes": "off",
                 "maintenance_work_mem": "1GB",
                 "max_parallel_maintenance_workers": "2",
-                "shared_buffers": "1GB",
                 "work_mem": "64MB",
             },
         )
+    try:
+        return run(url, args)
+    finally:
+        if pgdata is not None:  # the temp server outlives this process unless stopped
+            embedded.stop(pgdata, mode="fast")
+
+
+def run(url: str, args: argparse.Namespace) -> int:
+    """Load, snapshot, compare."""
     migrate(url)
     with psycopg.connect(url, autocommit=True, row_factory=dict_row) as conn:
         tenant = conn.execute(

@@ -140,7 +140,7 @@ def main() -> None:
     ap.add_argument("--workers", type=int, default=2, help="uvicorn worker processes")
     args = ap.parse_args()
 
-    home = Path(tempfile.mkdtemp(prefix="cft-bench-"))
+    home = Path(tempfile.mkdtemp(prefix="cft-bench-ingest-"))
     url = embedded.start(home / "pg", tuning={"max_connections": "200", "timezone": "UTC"})
     env = os.environ | {"CFT_HOME": str(home), "CFT_DATABASE_URL": url}
     os.environ.update({"CFT_HOME": str(home)})

@@ -51,6 +51,20 @@ class Settings(BaseSettings):
     route_cache_ttl: float = Field(
         5.0, description="Seconds the router caches a route (NOTIFY invalidates at once)."
     )
+    serving_dir: Path | None = Field(
+        None,
+        description="Where the reconciler puts verified adapters for the engines to read"
+        " (a directory every engine can read; default CFT_HOME/serving).",
+    )
+    reconcile_interval: float = Field(
+        5.0, description="Seconds between reconciler passes (NOTIFY also triggers one)."
+    )
+    engine_timeout: float = Field(
+        120.0, description="Seconds the router waits for an engine's response before failing over."
+    )
+    router_key_cache_ttl: float = Field(
+        5.0, description="Seconds the router caches an API key lookup (revocation delay bound)."
+    )
     embedding_model: str = Field(
         "all-MiniLM-L6-v2", description="sentence-transformers model for prompt embeddings."
     )
@@ -72,6 +86,11 @@ class Settings(BaseSettings):
     def artefact_path(self) -> Path:
         """Root of the local artefact store."""
         return (self.artefact_dir or self.home / "artefacts").resolve()
+
+    @property
+    def serving_path(self) -> Path:
+        """Where verified adapters are placed for the engines."""
+        return (self.serving_dir or self.home / "serving").resolve()
 
     @property
     def models_path(self) -> Path:

@@ -10,43 +10,93 @@ record for the batched writer, off the client's latency path.
 from __future__ import annotations
 
 import asyncio
-import itertools
+import logging
 import time
 import uuid
 from collections.abc import AsyncIterator
-from typing import Any
+from typing import Annotated, Any
 
 import httpx
 import orjson
-from fastapi import APIRouter, Request, Response
+import psycopg
+from fastapi import APIRouter, Depends, Request, Response
 from fastapi.responses import StreamingResponse
+from psycopg_pool import PoolTimeout
+from starlette.types import Receive, Scope, Send
 
-from app.core.auth import IngestKey
-from app.core.errors import BadRequest, NotFound, Unavailable
+from app.core.auth import ApiKey, IngestKey, TenantConn, lookup
+from app.core.errors import BadRequest, Forbidden, NotFound, Unauthorized, Unavailable
+from app.core.metrics import (
+    ENGINE_FAILURES,
+    ROUTER_FALLBACKS,
+    ROUTER_LATENCY,
+    ROUTER_REQUESTS,
+    ROUTING_DECISIONS,
+)
 from app.routing.assign import Assignment, RouteState
+from app.routing.engines import EnginePool, EngineState
+
+log = logging.getLogger("cft.routing.gateway")
 
 router = APIRouter(tags=["router"])
 
-UPSTREAM_TIMEOUT = httpx.Timeout(connect=5.0, read=300.0, write=30.0, pool=10.0)
+CLIENT_ROLES = frozenset({"ingest", "client", "admin"})
+RETRY_AFTER = "2"
+# Tasks that close upstream streams after a client went away (kept referenced until done).
+_closing: set[asyncio.Task[None]] = set()
 
 
-class EnginePool:
-    """The engines behind the router (round robin)."""
+def _bearer(request: Request) -> str:
+    scheme, _, token = request.headers.get("authorization", "").partition(" ")
+    if scheme.lower() != "bearer" or not token.strip():
+        raise Unauthorized(
+            "missing API key: send 'Authorization: Bearer <key>' (create one with `cft key create`)"
+        )
+    return token.strip()
 
-    def __init__(self, urls: list[str]):
-        if not urls:
-            raise ValueError("no engine URLs configured (CFT_ENGINE_URLS)")
-        self.urls = [u.rstrip("/") for u in urls]
-        self._next = itertools.cycle(self.urls)
-        self.client = httpx.AsyncClient(timeout=UPSTREAM_TIMEOUT)
 
-    def pick(self) -> str:
-        """The engine for the next call."""
-        return next(self._next)
+async def client_key(request: Request) -> ApiKey:
+    """The caller's key (role ingest or client), cached by the router for a few seconds.
 
-    async def close(self) -> None:
-        """Close the HTTP client."""
-        await self.client.aclose()
+    A lookup costs a database round trip and a thread hop; the router keeps verified keys for
+    CFT_ROUTER_KEY_CACHE_TTL seconds, which bounds how long a revoked key still works. While
+    PostgreSQL is down an expired entry is still accepted (nobody can revoke meanwhile).
+    """
+    token = _bearer(request)
+    runtime = getattr(request.app.state, "router", None)
+    key: ApiKey | None = None
+    digest = b""
+    if runtime is not None:
+        digest, key = runtime.cached_key(token)
+    if key is None:
+        pool = request.app.state.pool
+
+        def _lookup() -> ApiKey | None:
+            with pool.connection(timeout=2.0) as conn:
+                return lookup(conn, token)
+
+        try:
+            key = await asyncio.to_thread(_lookup)
+        except (PoolTimeout, psycopg.OperationalError) as exc:
+            stale = runtime.stale_key(digest) if runtime is not None else None
+            if stale is None:
+                raise Unavailable(
+                    "the database is unavailable", headers={"Retry-After": "1"}
+                ) from exc
+            key = stale
+        if key is None:
+            raise Unauthorized("invalid or revoked API key")
+        if runtime is not None:
+            runtime.remember_key(digest, key)
+    if key.role not in CLIENT_ROLES:
+        raise Forbidden(
+            f"this endpoint needs a key with role client or ingest; yours has role {key.role}"
+        )
+    request.state.api_key = key
+    return key
+
+
+ClientKey = Annotated[ApiKey, Depends(client_key)]
 
 
 def _route_name(request: Request, body: dict[str, Any]) -> str:
@@ -76,19 +126,118 @@ def _sse_events(buffer: bytes) -> tuple[list[bytes], bytes]:
     return events, rest
 
 
-async def proxy(request: Request, key: IngestKey, kind: str) -> Response:
+class _Stream(StreamingResponse):
+    """A StreamingResponse that always closes its iterator (so a disconnect still logs)."""
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        try:
+            await super().__call__(scope, receive, send)
+        finally:
+            aclose = getattr(self.body_iterator, "aclose", None)
+            if aclose is not None:
+                task = asyncio.get_running_loop().create_task(aclose())
+                _closing.add(task)
+                task.add_done_callback(_closing.discard)
+
+
+def _close_later(resp: httpx.Response) -> None:
+    # Cleanup may run inside a cancelled scope, where an await would be cancelled at once.
+    task = asyncio.get_running_loop().create_task(resp.aclose())
+    _closing.add(task)
+    task.add_done_callback(_closing.discard)
+
+
+def _candidates(engine: EngineState, state: RouteState, assignment: Assignment) -> list[str]:
+    """Models to try on an engine, best first: the assigned adapter, prod, the base model."""
+    out = [m for m in (assignment.adapter_id, state.prod) if m and engine.has(m)]
+    out.append(state.base_model)
+    return list(dict.fromkeys(out))
+
+
+async def _send(
+    runtime: Any, state: RouteState, assignment: Assignment, body: dict[str, Any], path: str
+) -> tuple[httpx.Response, EngineState, str, str | None, float]:
+    """Send to the first engine and model that answer; (response, engine, model, why, t0).
+
+    `why` is None when the assigned model served the call, else the fallback reason.
+    """
+    engines: EnginePool = runtime.engines
+    want = assignment.adapter_id or state.base_model
+    failed_adapter = False
+    order = engines.order(assignment.adapter_id)
+    up = [e for e in order if e.up] or order
+    for engine in up:
+        if engine.models is None and not await engines.probe(engine):
+            ENGINE_FAILURES.labels(engine.url, "probe").inc()
+            continue
+        for model in _candidates(engine, state, assignment):
+            body["model"] = model
+            started = time.perf_counter()
+            req = engines.client.build_request(
+                "POST",
+                engine.url + path,
+                content=orjson.dumps(body),
+                headers={"content-type": "application/json"},
+            )
+            try:
+                resp = await engines.client.send(req, stream=True)
+            except (httpx.TimeoutException, httpx.NetworkError, httpx.RemoteProtocolError) as exc:
+                engine.mark_down()
+                ENGINE_FAILURES.labels(engine.url, type(exc).__name__).inc()
+                log.warning("engine %s failed (%s): trying the next one", engine.url, exc)
+                break
+            is_adapter = model != state.base_model
+            ROUTER_LATENCY.labels("lora" if is_adapter else "base").observe(
+                time.perf_counter() - started
+            )
+            if is_adapter and (resp.status_code == 404 or resp.status_code >= 500):
+                detail = (await resp.aread())[:300]
+                await resp.aclose()
+                failed_adapter = True
+                ROUTER_REQUESTS.labels(state.name, model, "error").inc()
+                log.warning(
+                    "adapter %s failed on %s (%s %s): falling back",
+                    model,
+                    engine.url,
+                    resp.status_code,
+                    detail,
+                )
+                if resp.status_code == 404:
+                    engine.forget(model)
+                if runtime.reconciler is not None:
+                    runtime.reconciler.kick()
+                continue
+            why = None
+            if model != want:
+                why = "adapter_error" if failed_adapter else "not_loaded"
+                ROUTER_FALLBACKS.labels(why).inc()
+            return resp, engine, model, why, started
+    raise Unavailable(
+        "no inference engine is reachable; retry shortly",
+        code="engine_unavailable",
+        headers={"Retry-After": RETRY_AFTER},
+    )
+
+
+async def proxy(request: Request, key: ApiKey, kind: str) -> Response:
     """Proxy one OpenAI call for the caller's tenant."""
     runtime = getattr(request.app.state, "router", None)
     if runtime is None:
         raise Unavailable("this server has no inference engine configured (set CFT_ENGINE_URLS)")
     body = _parse(await request.body())
     route_name = _route_name(request, body)
-    state: RouteState | None = await asyncio.to_thread(runtime.table.get, route_name)
+    fresh, state = runtime.table.peek(route_name)
+    if not fresh:
+        try:
+            state = await asyncio.to_thread(runtime.table.get, route_name)
+        except psycopg.Error as exc:
+            raise Unavailable(
+                "the route table is unavailable", headers={"Retry-After": "1"}
+            ) from exc
     if state is None or state.tenant_id != key.tenant_id:
         raise NotFound(f"no route named {route_name!r} for this tenant")
     user = _user(request, body)
     assignment: Assignment = state.assign(runtime.hash_user(user).hex() if user else "")
-    engine_model = assignment.adapter_id or state.base_model
     if kind == "chat":
         messages = body.get("messages")
         if not isinstance(messages, list) or not messages:
@@ -99,58 +248,88 @@ async def proxy(request: Request, key: IngestKey, kind: str) -> Response:
             raise BadRequest("`prompt` must be a string")
         messages = [{"role": "user", "content": prompt}]
 
-    request_id = (
-        uuid.UUID(request.headers["x-request-id"])
-        if _is_uuid(request.headers.get("x-request-id"))
-        else uuid.uuid4()
-    )
+    rid_header = request.headers.get("x-request-id")
+    request_id = uuid.UUID(rid_header) if _is_uuid(rid_header) else uuid.uuid4()
     upstream_body = dict(body)
-    upstream_body["model"] = engine_model
     upstream_body.pop("user", None)
     stream = bool(body.get("stream"))
     if stream:
         upstream_body["stream_options"] = {"include_usage": True}
-    engines: EnginePool = runtime.engines
     writer = runtime.writer
-    url = f"{engines.pick()}/v1/{'chat/completions' if kind == 'chat' else 'completions'}"
+    path = "/v1/chat/completions" if kind == "chat" else "/v1/completions"
     record: dict[str, Any] = {
         "_tenant_id": key.tenant_id,
         "request_id": str(request_id),
         "route": route_name,
-        "adapter_id": engine_model,
         "model": state.base_model,
-        "experiment": assignment.experiment if state.canaries else None,
-        "variant": assignment.variant if state.canaries else None,
         "messages": messages,
         "user": user,
     }
-    headers = {"X-Request-Id": str(request_id), "X-Cft-Adapter": engine_model}
-    if assignment.variant:
-        headers["X-Cft-Variant"] = assignment.variant
-    started = time.perf_counter()
+    try:
+        upstream, _engine, model, why, started = await _send(
+            runtime, state, assignment, upstream_body, path
+        )
+    except Unavailable as exc:
+        record |= {"status": "error", "completion": None, "adapter_id": assignment.adapter_id}
+        writer.submit(record)
+        ROUTER_REQUESTS.labels(route_name, assignment.adapter_id or state.base_model, "error").inc()
+        exc.headers["X-Request-Id"] = str(request_id)
+        raise
+    variant = assignment.variant if why is None else ("A" if model == state.prod else None)
+    decision = variant or "base"
+    ROUTING_DECISIONS.labels("fallback" if why else decision).inc()
+    record |= {
+        "adapter_id": model,
+        "experiment": assignment.experiment if state.canaries else None,
+        "variant": variant if state.canaries else None,
+    }
+    headers = {"X-Request-Id": str(request_id), "X-Cft-Adapter": model}
+    if variant:
+        headers["X-Cft-Variant"] = variant
+    if why:
+        headers["X-Cft-Fallback"] = why
+
     if not stream:
         try:
-            upstream = await engines.client.post(url, json=upstream_body)
+            raw = await upstream.aread()
         except httpx.HTTPError as exc:
             record |= {"status": "error", "completion": None}
-            await writer.put(record)
+            writer.submit(record)
             raise Unavailable(
-                f"the inference engine is unreachable: {exc}", headers=headers
+                f"the inference engine failed: {exc}",
+                code="engine_unavailable",
+                headers=headers | {"Retry-After": RETRY_AFTER},
             ) from exc
-        data = (
-            upstream.json()
-            if upstream.headers.get("content-type", "").startswith("application/json")
-            else {}
-        )
-        if upstream.status_code == 200:
+        finally:
+            await upstream.aclose()
+        try:
+            data = orjson.loads(raw) if raw else {}
+        except orjson.JSONDecodeError:
+            data = {
+                "error": {
+                    "message": raw[:500].decode(errors="replace"),
+                    "type": "engine_error",
+                    "code": "engine_error",
+                }
+            }
+        if upstream.status_code == 200 and isinstance(data, dict):
             record |= _completion_fields(data, kind)
             record["ttft_ms"] = int((time.perf_counter() - started) * 1000)
             record["status"] = "ok"
             data["model"] = route_name
         else:
             record["status"] = "error"
-        await writer.put(record)
+        ROUTER_REQUESTS.labels(route_name, model, record["status"]).inc()
+        writer.submit(record)
         return Response(orjson.dumps(data), upstream.status_code, headers, "application/json")
+
+    if upstream.status_code != 200:
+        payload = await upstream.aread()
+        await upstream.aclose()
+        record |= {"status": "error", "completion": None}
+        ROUTER_REQUESTS.labels(route_name, model, "error").inc()
+        writer.submit(record)
+        return Response(payload, upstream.status_code, headers, "application/json")
 
     async def relay() -> AsyncIterator[bytes]:
         text: list[str] = []
@@ -159,37 +338,33 @@ async def proxy(request: Request, key: IngestKey, kind: str) -> Response:
         status = "partial"
         buffer = b""
         try:
-            async with engines.client.stream("POST", url, json=upstream_body) as upstream:
-                if upstream.status_code != 200:
-                    payload = await upstream.aread()
-                    status = "error"
-                    yield b"data: " + payload + b"\n\n"
-                    return
-                async for chunk in upstream.aiter_bytes():
-                    buffer += chunk
-                    events, buffer = _sse_events(buffer)
-                    for event in events:
-                        line = event.strip()
-                        if not line.startswith(b"data:"):
-                            continue
-                        payload = line[5:].strip()
-                        if payload == b"[DONE]":
-                            status = "ok"
-                            yield b"data: [DONE]\n\n"
-                            continue
-                        try:
-                            obj = orjson.loads(payload)
-                        except orjson.JSONDecodeError:
-                            continue
-                        piece = _delta_text(obj, kind)
-                        if piece and ttft_ms is None:
+            async for chunk in upstream.aiter_bytes():
+                buffer += chunk
+                events, buffer = _sse_events(buffer)
+                for event in events:
+                    line = event.strip()
+                    if not line.startswith(b"data:"):
+                        continue
+                    payload = line[5:].strip()
+                    if payload == b"[DONE]":
+                        status = "ok"
+                        yield b"data: [DONE]\n\n"
+                        continue
+                    try:
+                        obj = orjson.loads(payload)
+                    except orjson.JSONDecodeError:
+                        continue
+                    piece = _delta_text(obj, kind)
+                    if piece:
+                        if ttft_ms is None:
                             ttft_ms = int((time.perf_counter() - started) * 1000)
-                        if piece:
-                            text.append(piece)
-                        if obj.get("usage"):
-                            usage = obj["usage"]
-                        obj["model"] = route_name
-                        yield b"data: " + orjson.dumps(obj) + b"\n\n"
+                        text.append(piece)
+                    if obj.get("usage"):
+                        usage = obj["usage"]
+                    if "error" in obj:
+                        status = "error"
+                    obj["model"] = route_name
+                    yield b"data: " + orjson.dumps(obj) + b"\n\n"
         except httpx.HTTPError as exc:
             status = "partial" if text else "error"
             err = {
@@ -201,16 +376,19 @@ async def proxy(request: Request, key: IngestKey, kind: str) -> Response:
             }
             yield b"data: " + orjson.dumps(err) + b"\n\n"
         finally:
+            # Runs on success, engine failure and client disconnect (status stays partial).
             record.update(
                 completion="".join(text) if text else None,
                 ttft_ms=ttft_ms,
                 tokens_in=usage.get("prompt_tokens"),
-                tokens_out=usage.get("completion_tokens"),
+                tokens_out=usage.get("completion_tokens") or (len(text) if text else None),
                 status=status,
             )
-            await writer.put(record)
+            ROUTER_REQUESTS.labels(route_name, model, status).inc()
+            writer.submit(record)
+            _close_later(upstream)
 
-    return StreamingResponse(relay(), media_type="text/event-stream", headers=headers)
+    return _Stream(relay(), media_type="text/event-stream", headers=headers)
 
 
 def _is_uuid(value: str | None) -> bool:
@@ -246,12 +424,33 @@ def _delta_text(obj: dict[str, Any], kind: str) -> str | None:
 
 
 @router.post("/v1/chat/completions")
-async def chat_completions(request: Request, key: IngestKey) -> Response:
+async def chat_completions(request: Request, key: ClientKey) -> Response:
     """OpenAI chat completions through the route's adapter."""
     return await proxy(request, key, "chat")
 
 
 @router.post("/v1/completions")
-async def completions(request: Request, key: IngestKey) -> Response:
+async def completions(request: Request, key: ClientKey) -> Response:
     """OpenAI completions through the route's adapter."""
     return await proxy(request, key, "completions")
+
+
+@router.get("/v1/models")
+def list_models(key: IngestKey, conn: TenantConn) -> dict[str, Any]:
+    """The caller tenant's routes, as OpenAI models (call them by this id)."""
+    rows = conn.execute(
+        "SELECT name, base_model, created_at FROM serve.route WHERE tenant_id = %s ORDER BY name",
+        (key.tenant_id,),
+    ).fetchall()
+    data = [
+        {
+            "id": r["name"],
+            "object": "model",
+            "created": int(r["created_at"].timestamp()),
+            "owned_by": "cft",
+            "root": r["base_model"],
+            "parent": None,
+        }
+        for r in rows
+    ]
+    return {"object": "list", "data": data}

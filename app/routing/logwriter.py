@@ -42,6 +42,7 @@ class LogWriter:
         self._max_delay = max_delay
         self._max_backoff = max_backoff
         self._task: asyncio.Task[None] | None = None
+        self._pending_puts: set[asyncio.Task[None]] = set()
         self.written = 0
         self.failures = 0
 
@@ -58,8 +59,22 @@ class LogWriter:
         """Queue a record; waits while the queue is full (back-pressure)."""
         await self._queue.put(record)
 
+    def submit(self, record: dict[str, Any]) -> None:
+        """Queue a record without awaiting (for cleanup code that may run while cancelled).
+
+        When the queue is full the record waits in a task instead: still never dropped.
+        """
+        try:
+            self._queue.put_nowait(record)
+        except asyncio.QueueFull:
+            task = asyncio.get_running_loop().create_task(self._queue.put(record))
+            self._pending_puts.add(task)
+            task.add_done_callback(self._pending_puts.discard)
+
     async def close(self) -> None:
         """Write everything queued, then stop."""
+        if self._pending_puts:
+            await asyncio.gather(*self._pending_puts)
         await self._queue.join()
         if self._task:
             self._task.cancel()

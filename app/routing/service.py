@@ -2,16 +2,21 @@
 
 from __future__ import annotations
 
+import asyncio
+import time
 from collections import defaultdict
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
+from app.core.auth import ApiKey, hash_key
 from app.core.config import Settings
 from app.core.db import Pool, as_tenant
+from app.core.metrics import LOG_QUEUE_DEPTH
 from app.core.pseudonym import user_hash, user_secret
 from app.logs import service as logs
-from app.routing.gateway import EnginePool
+from app.routing.engines import EnginePool
 from app.routing.logwriter import LogWriter
+from app.routing.reconciler import Reconciler
 from app.routing.table import RouteTable
 
 TENANT_KEY = "_tenant_id"
@@ -25,10 +30,36 @@ class RouterRuntime:
     engines: EnginePool
     writer: LogWriter
     secret: bytes
+    reconciler: Reconciler | None = None
+    key_ttl: float = 5.0
+    _keys: dict[bytes, tuple[float, ApiKey]] = field(default_factory=dict)
 
     def hash_user(self, user: str) -> bytes:
         """The user's pseudonym (also the key of the canary split)."""
         return user_hash(user, self.secret)
+
+    def cached_key(self, token: str) -> tuple[bytes, ApiKey | None]:
+        """(hash, key) when the key was verified less than key_ttl seconds ago.
+
+        Only live keys are cached, so a new key works at once and a revoked one stops
+        working within key_ttl seconds (CFT_ROUTER_KEY_CACHE_TTL).
+        """
+        digest = hash_key(token)
+        hit = self._keys.get(digest)
+        if hit is not None and time.monotonic() < hit[0]:
+            return digest, hit[1]
+        return digest, None
+
+    def stale_key(self, digest: bytes) -> ApiKey | None:
+        """A key verified earlier, however long ago (used only while PostgreSQL is down)."""
+        hit = self._keys.get(digest)
+        return hit[1] if hit else None
+
+    def remember_key(self, digest: bytes, key: ApiKey) -> None:
+        """Cache a verified live key."""
+        if len(self._keys) > 10_000:
+            self._keys.clear()
+        self._keys[digest] = (time.monotonic() + self.key_ttl, key)
 
 
 def write_batch_for(pool: Pool, settings: Settings) -> Any:
@@ -50,15 +81,37 @@ def write_batch_for(pool: Pool, settings: Settings) -> Any:
 
 def start(settings: Settings, *, db_url: str, pool: Pool, engine_urls: list[str]) -> RouterRuntime:
     """Start the route listener and the log writer (call inside the running event loop)."""
-    table = RouteTable(db_url, ttl=settings.route_cache_ttl)
+    engines = EnginePool(engine_urls, timeout=settings.engine_timeout)
+    reconciler = Reconciler(
+        db_url,
+        engines.engines,
+        serving_dir=settings.serving_path,
+        settings=settings,
+        interval=settings.reconcile_interval,
+    )
+    # A change of a route is also a reason to reconcile (a new canary must be loaded).
+    table = RouteTable(
+        db_url, ttl=settings.route_cache_ttl, on_change=lambda _route: reconciler.kick()
+    )
     table.start()
+    reconciler.start()
     writer = LogWriter(write_batch_for(pool, settings))
     writer.start()
-    return RouterRuntime(table, EnginePool(engine_urls), writer, user_secret(settings))
+    LOG_QUEUE_DEPTH.set_function(lambda: writer.pending)
+    return RouterRuntime(
+        table,
+        engines,
+        writer,
+        user_secret(settings),
+        reconciler=reconciler,
+        key_ttl=settings.router_key_cache_ttl,
+    )
 
 
 async def stop(runtime: RouterRuntime) -> None:
-    """Flush the logs, stop listening, close the engine client."""
+    """Flush the logs, stop listening and reconciling, close the engine client."""
     await runtime.writer.close()
     runtime.table.stop()
+    if runtime.reconciler is not None:
+        await asyncio.to_thread(runtime.reconciler.stop)
     await runtime.engines.close()

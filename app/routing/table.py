@@ -12,6 +12,7 @@ import psycopg
 from psycopg.rows import dict_row
 
 from app.core.db import Connection
+from app.core.metrics import ROUTE_CACHE
 from app.routing.assign import Canary, RouteState
 
 log = logging.getLogger("cft.routing")
@@ -58,27 +59,47 @@ class RouteTable:
         self.on_change = on_change
         self._cache: dict[str, tuple[float, RouteState | None]] = {}
         self._lock = threading.Lock()
+        self._generation = 0
         self._stop = threading.Event()
         self._listener: threading.Thread | None = None
         self._conn: Connection | None = None
         self.listening = threading.Event()
 
+    def peek(self, name: str) -> tuple[bool, RouteState | None]:
+        """(True, state) when the route is cached and fresh; never touches the database."""
+        hit = self._cache.get(name)  # a dict read is atomic: no lock on the hot path
+        if hit is not None and time.monotonic() - hit[0] < self.ttl:
+            ROUTE_CACHE.labels("hit").inc()
+            return True, hit[1]
+        return False, None
+
     def get(self, name: str) -> RouteState | None:
         """The route's state, from cache when fresh."""
-        now = time.monotonic()
+        fresh, cached = self.peek(name)
+        if fresh:
+            return cached
+        ROUTE_CACHE.labels("miss").inc()
+        generation = self._generation
+        try:
+            with self._connection() as conn:
+                state = load_route(conn, name)
+        except psycopg.OperationalError:
+            # PostgreSQL is down: keep serving what we knew (it cannot change meanwhile).
+            stale = self._cache.get(name)
+            if stale is None:
+                raise
+            log.warning("route %s: database unavailable, serving the cached state", name)
+            return stale[1]
         with self._lock:
-            hit = self._cache.get(name)
-        if hit and now - hit[0] < self.ttl:
-            return hit[1]
-        with self._connection() as conn:
-            state = load_route(conn, name)
-        with self._lock:
-            self._cache[name] = (time.monotonic(), state)
+            # A NOTIFY that arrived during the read may describe a newer state: don't cache.
+            if generation == self._generation:
+                self._cache[name] = (time.monotonic(), state)
         return state
 
     def invalidate(self, name: str | None = None) -> None:
         """Forget one route (or all)."""
         with self._lock:
+            self._generation += 1
             if name is None:
                 self._cache.clear()
             else:

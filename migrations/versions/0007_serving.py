@@ -15,9 +15,9 @@ branch_labels = None
 depends_on = None
 
 # SQL files this migration runs, in order (paths under sql/).
-FILES: list[str] = []
+FILES: list[str] = ["schema/serving_v1.sql"]
 # SQL that undoes them (drop what FILES created).
-DOWNGRADE_SQL = ""
+DOWNGRADE_SQL = "DROP TABLE IF EXISTS serve.adapter_deployment;"
 
 
 def upgrade() -> None:

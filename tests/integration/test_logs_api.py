@@ -272,22 +272,28 @@ def test_feedback_errors(api, tenants):
 # PII and pseudonyms ---------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize(
-    ("text", "flag"),
-    [
-        ("mail ana@example.com", pii.EMAIL),
-        ("call +34 612 345 678", pii.PHONE),
-        ("card 4111 1111 1111 1111", pii.CARD),
-        ("iban DE89370400440532013000", pii.IBAN),
-        ("from 192.168.1.10", pii.IPV4),
-        ("from 2001:db8::1", pii.IPV6),
-    ],
-)
-def test_pii_flags_are_set_at_ingest(api, conn, tenants, text, flag):
-    rec = record(messages=[{"role": "user", "content": [{"type": "text", "text": text}]}])
-    post(api, tenants["a_ingest"], rec)
-    row = conn.execute("SELECT pii_flags FROM obs.inference_log").fetchone()
-    assert row["pii_flags"] == flag
+PII_CASES = [
+    ("mail ana@example.com", pii.EMAIL),
+    ("call +34 612 345 678", pii.PHONE),
+    ("card 4111 1111 1111 1111", pii.CARD),
+    ("iban DE89370400440532013000", pii.IBAN),
+    ("from 192.168.1.10", pii.IPV4),
+    ("from 2001:db8::1", pii.IPV6),
+    ("nothing personal here", 0),
+]
+
+
+def test_pii_flags_are_set_at_ingest_for_each_detector(api, conn, tenants):
+    recs = [
+        record(messages=[{"role": "user", "content": [{"type": "text", "text": text}]}])
+        for text, _ in PII_CASES
+    ]
+    recs.append(record(completion="reach me at bob@example.org"))  # completions are scanned
+    post(api, tenants["a_ingest"], {"records": recs})
+    rows = conn.execute("SELECT request_id::text AS rid, pii_flags FROM obs.inference_log")
+    got = {r["rid"]: r["pii_flags"] for r in rows.fetchall()}
+    expected = [flag for _, flag in PII_CASES] + [pii.EMAIL]
+    assert [got[r["request_id"]] for r in recs] == expected
 
 
 def test_raw_user_id_appears_nowhere_in_the_database(api, db_url, conn, tenants):
@@ -308,35 +314,35 @@ def test_raw_user_id_appears_nowhere_in_the_database(api, db_url, conn, tenants)
 # Validation -------------------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize(
-    ("body", "fragment"),
-    [
-        ({k: v for k, v in record().items() if k != "request_id"}, "request_id: is required"),
-        (record(request_id="1234"), "is not a UUID"),
-        (record(request_id=5), "request_id: must be a UUID string"),
-        (record(messages="hello"), "messages: must be a non-empty list"),
-        (record(messages=[{"role": "robot", "content": "x"}]), "messages[0].role"),
-        (record(messages=[{"role": "user"}]), "needs 'content'"),
-        (record(messages=[{"role": "user", "content": 3}]), "messages[0].content"),
-        (record(tokens_in="9"), "tokens_in: must be an integer"),
-        (record(tokens_out=-1), "tokens_out: must be between"),
-        (record(ttft_ms=1.5), "ttft_ms: must be an integer"),
-        (record(route=None), "route: is required"),
-        (record(route=7), "route: must be a string"),
-        (record(colour="red"), "colour: unknown field"),
-        (record(created_at="yesterday"), "created_at"),
-        (record(embedding=[0.1, 0.2]), "embedding: must be a list of 384"),
-        (record(status="maybe"), "status: must be one of"),
-        (record(completion="a\x00b"), "NUL"),
-        (record(messages=[{"role": "user", "content": "a\x00b"}]), "NUL"),
-        ({"records": []}, "records: must be a non-empty list"),
-        ({"records": [record(), record(request_id="x")]}, "records[1].request_id"),
-        ([1, 2], "body: must be a log record"),
-    ],
-)
-def test_validation_errors_say_what_to_fix(api, conn, tenants, body, fragment):
-    err = assert_error(post(api, tenants["a_ingest"], body), 422, fragment)
-    assert err["type"] == "invalid_request_error"
+INVALID = [
+    ({k: v for k, v in record().items() if k != "request_id"}, "request_id: is required"),
+    (record(request_id="1234"), "is not a UUID"),
+    (record(request_id=5), "request_id: must be a UUID string"),
+    (record(messages="hello"), "messages: must be a non-empty list"),
+    (record(messages=[{"role": "robot", "content": "x"}]), "messages[0].role"),
+    (record(messages=[{"role": "user"}]), "needs 'content'"),
+    (record(messages=[{"role": "user", "content": 3}]), "messages[0].content"),
+    (record(tokens_in="9"), "tokens_in: must be an integer"),
+    (record(tokens_out=-1), "tokens_out: must be between"),
+    (record(ttft_ms=1.5), "ttft_ms: must be an integer"),
+    (record(route=None), "route: is required"),
+    (record(route=7), "route: must be a string"),
+    (record(colour="red"), "colour: unknown field"),
+    (record(created_at="yesterday"), "created_at"),
+    (record(embedding=[0.1, 0.2]), "embedding: must be a list of 384"),
+    (record(status="maybe"), "status: must be one of"),
+    (record(completion="a\x00b"), "NUL"),
+    (record(messages=[{"role": "user", "content": "a\x00b"}]), "NUL"),
+    ({"records": []}, "records: must be a non-empty list"),
+    ({"records": [record(), record(request_id="x")]}, "records[1].request_id"),
+    ([1, 2], "body: must be a log record"),
+]
+
+
+def test_validation_errors_say_what_to_fix(api, conn, tenants):
+    for body, fragment in INVALID:
+        err = assert_error(post(api, tenants["a_ingest"], body), 422, fragment)
+        assert err["type"] == "invalid_request_error" and err["param"]
     # Atomic: nothing of a refused batch was written.
     assert conn.execute("SELECT count(*) AS n FROM obs.inference_log").fetchone()["n"] == 0
 

@@ -34,7 +34,9 @@ def random_adapter(models_dir: Path, target: Path, seed: int) -> Path:
     torch.manual_seed(seed)
     model = get_peft_model(
         base_model.load_model(BASE, models_dir),
-        LoraConfig(r=8, lora_alpha=16, target_modules=["q_proj", "v_proj"], init_lora_weights=False),
+        LoraConfig(
+            r=8, lora_alpha=16, target_modules=["q_proj", "v_proj"], init_lora_weights=False
+        ),
     )
     with torch.no_grad():
         for name, param in model.named_parameters():
@@ -57,7 +59,9 @@ def setup(db_url: str, engine_url: str, models_dir: Path, tmp_path: Path):
     with psycopg.connect(db_url, autocommit=True, row_factory=dict_row) as c:
         t = make_tenant(c)
         r = make_route(c, tenant_id=t["id"], base_model=BASE, experiment="gw-exp")
-        prod = make_adapter(c, route=r, id=f"prod-{uuid.uuid4().hex[:6]}", status="prod", traffic_pct=100)
+        prod = make_adapter(
+            c, route=r, id=f"prod-{uuid.uuid4().hex[:6]}", status="prod", traffic_pct=100
+        )
         key = create_key(c, tenant_id=t["id"], role="client")
     path = random_adapter(models_dir, tmp_path / "prod", seed=3)
     resp = httpx.post(
@@ -134,16 +138,41 @@ def test_streaming_relays_tokens_and_logs_ttft(setup):
 
 def test_canary_split_matches_sql_assignment(setup, models_dir, engine_url, tmp_path):
     db_url, r = setup["db_url"], setup["route"]
-    with psycopg.connect(db_url, autocommit=True, row_factory=dict_row) as c:
-        canary = make_adapter(c, route=r, id=f"canary-{uuid.uuid4().hex[:6]}", status="canary", traffic_pct=50)
+    canary_id = f"canary-{uuid.uuid4().hex[:6]}"
     path = random_adapter(models_dir, tmp_path / "canary", seed=4)
     httpx.post(
         engine_url + "/v1/load_lora_adapter",
-        json={"lora_name": canary["id"], "lora_path": str(path)},
+        json={"lora_name": canary_id, "lora_path": str(path)},
         timeout=60,
     ).raise_for_status()
+    with psycopg.connect(db_url, autocommit=True, row_factory=dict_row) as c:
+        make_adapter(c, route=r, id=canary_id, status="canary", traffic_pct=50)
+    # The router routes only to adapters it has seen on the engine (the reconciler's pass on
+    # the NOTIFY of this insert): wait until a canary user is served by the canary.
     headers = {"Authorization": f"Bearer {setup['key']}"}
     secret = user_secret()
+    with psycopg.connect(db_url, autocommit=True) as c:
+        users = [f"user-{i}" for i in range(50)]
+        canary_user = next(
+            u
+            for u in users
+            if c.execute(
+                "SELECT serve.assign_adapter(%s, %s)", (r["name"], user_hash(u, secret).hex())
+            ).fetchone()[0]
+            == canary_id
+        )
+    deadline = time.monotonic() + 10
+    while True:
+        resp = httpx.post(
+            f"{setup['api']}/v1/completions",
+            json={"model": r["name"], "prompt": "Hi", "max_tokens": 1, "user": canary_user},
+            headers=headers,
+            timeout=60,
+        )
+        if resp.headers.get("x-cft-adapter") == canary_id:
+            break
+        assert time.monotonic() < deadline, "the router never saw the canary loaded"
+        time.sleep(0.1)
     seen = set()
     with psycopg.connect(db_url, autocommit=True) as c:
         for i in range(8):

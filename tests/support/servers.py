@@ -21,9 +21,11 @@ def free_port() -> int:
 
 
 @contextmanager
-def serve_app(app: Any, *, ready_path: str = "/healthz", timeout: float = 30) -> Iterator[str]:
-    """Run an ASGI app with uvicorn in a thread; yield its base URL; stop it after."""
-    port = free_port()
+def serve_app(
+    app: Any, *, ready_path: str = "/healthz", timeout: float = 30, port: int | None = None
+) -> Iterator[str]:
+    """Run an ASGI app with uvicorn in a thread (on port, or a free one); yield its base URL."""
+    port = port or free_port()
     config = uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning", lifespan="on")
     server = uvicorn.Server(config)
     thread = threading.Thread(target=server.run, daemon=True)

@@ -153,7 +153,7 @@ def create_app(engine: Engine) -> FastAPI:
                 "max_model_len": None,
                 "permission": [perm],
             }
-            for a in engine.adapters.values()
+            for a in list(engine.adapters.values())
         ]
         return {"object": "list", "data": cards}
 

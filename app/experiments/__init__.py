@@ -1,0 +1,1 @@
+"""Experiments: A/B metrics with significance, the live-traffic promotion policy, the dashboard."""

@@ -1,0 +1,366 @@
+"""Keep every engine's loaded adapters equal to serve.adapter's canary and prod adapters.
+
+One pass, per engine: read its /v1/models; for each desired adapter it lacks (new, or lost in
+an engine restart), fetch the artefact into the serving directory, verify its sha256 against
+the registry (invariant 8: a mismatch is never loaded), and POST /v1/load_lora_adapter with
+lora_name = the adapter id (ids are unique per version, so a name is never reused); then
+unload the adapters this reconciler loaded that are no longer canary or prod (each route's
+previous prod stays loaded, so a rollback needs no load). Loads come
+before unloads, so a promoted adapter is ready before the old one goes. Outcomes go to
+serve.adapter_deployment (one row per adapter and engine), the log and the metrics.
+
+Passes run on NOTIFY cft_adapter, when the gateway asks (an engine said 404), and every
+`interval` seconds. It runs inside the router (a thread of RouterRuntime) or standalone as
+`cft worker reconcile`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import logging
+import shutil
+import signal
+import tempfile
+import threading
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import httpx
+import psycopg
+from psycopg.rows import dict_row
+
+from app.core import artefacts
+from app.core.config import Settings, get_settings
+from app.core.db import Connection, database_url
+from app.core.metrics import COLD_STARTS, RECONCILER_ERRORS, ROUTER_ACTIVE_ADAPTERS
+from app.routing.engines import EngineState, model_ids
+from app.routing.table import CHANNEL
+
+log = logging.getLogger("cft.routing.reconciler")
+
+# A refused artefact (sha256 mismatch, fetch failure) is retried after this many seconds.
+RETRY_FAILED_AFTER = 60.0
+
+
+@dataclass(frozen=True)
+class Desired:
+    """An adapter that should be loaded on every engine."""
+
+    id: str
+    route: str
+    weights_uri: str
+    sha256: str
+
+
+@dataclass
+class PassReport:
+    """What one pass did (for tests, logs and the CLI)."""
+
+    loaded: list[tuple[str, str]] = field(default_factory=list)
+    unloaded: list[tuple[str, str]] = field(default_factory=list)
+    failed: list[tuple[str, str, str]] = field(default_factory=list)
+    engines_down: list[str] = field(default_factory=list)
+
+
+class Reconciler:
+    """Desired state from serve.adapter, actual state from each engine's /v1/models."""
+
+    def __init__(
+        self,
+        db_url: str,
+        engines: list[EngineState],
+        *,
+        serving_dir: Path,
+        settings: Settings | None = None,
+        interval: float = 5.0,
+    ):
+        self.db_url = db_url
+        self.engines = engines
+        self.serving_dir = serving_dir
+        self.settings = settings or get_settings()
+        self.interval = interval
+        self.client = httpx.Client(timeout=httpx.Timeout(10.0, read=300.0))
+        self._kick = threading.Event()
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+        self._failed_at: dict[str, float] = {}
+        self.passes = 0
+        self.last: PassReport | None = None
+        self.ready = threading.Event()
+
+    # -- one pass -------------------------------------------------------------------------
+
+    def run_once(self) -> PassReport:
+        """Reconcile every engine once."""
+        report = PassReport()
+        try:
+            with psycopg.connect(self.db_url, autocommit=True, row_factory=dict_row) as conn:
+                desired = self._desired(conn)
+                for engine in self.engines:
+                    self._reconcile_engine(conn, engine, desired, report)
+        except psycopg.Error as exc:
+            RECONCILER_ERRORS.labels("db").inc()
+            log.warning("reconciler cannot read serve.adapter: %s", exc)
+        self.passes += 1
+        self.last = report
+        self.ready.set()
+        return report
+
+    def _desired(self, conn: Connection) -> dict[str, Desired]:
+        # The previous prod of each route stays loaded too, so a rollback is instant.
+        rows = conn.execute(
+            "SELECT id, route, weights_uri, sha256 FROM serve.adapter"
+            " WHERE (status IN ('canary', 'prod') OR (tainted_at IS NULL AND id IN ("
+            "  SELECT previous_prod_id FROM serve.adapter"
+            "   WHERE status = 'prod' AND previous_prod_id IS NOT NULL)))"
+            " AND weights_uri IS NOT NULL AND sha256 IS NOT NULL"
+            " ORDER BY status DESC, id"
+        ).fetchall()
+        return {r["id"]: Desired(**r) for r in rows}
+
+    def _reconcile_engine(
+        self, conn: Connection, engine: EngineState, desired: dict[str, Desired], rep: PassReport
+    ) -> None:
+        try:
+            resp = self.client.get(engine.url + "/v1/models", timeout=5.0)
+            resp.raise_for_status()
+        except httpx.HTTPError as exc:
+            RECONCILER_ERRORS.labels("engine_down").inc()
+            log.warning("engine %s does not answer /v1/models: %s", engine.url, exc)
+            engine.mark_down()
+            rep.engines_down.append(engine.url)
+            return
+        models = set(model_ids(resp.json()))
+        engine.models = frozenset(models)
+        ours = {
+            r["adapter_id"]: r["state"]
+            for r in conn.execute(
+                "SELECT adapter_id, state FROM serve.adapter_deployment WHERE engine_url = %s",
+                (engine.url,),
+            ).fetchall()
+        }
+        for adapter in desired.values():
+            if adapter.id in models:
+                if ours.get(adapter.id) != "loaded":
+                    self._record(conn, adapter.id, engine.url, "loaded", None)
+                continue
+            if time.monotonic() - self._failed_at.get(adapter.id, -1e9) < RETRY_FAILED_AFTER:
+                continue
+            if ours.get(adapter.id) == "loaded":
+                log.warning(
+                    "engine %s lost adapter %s (restarted?): reloading", engine.url, adapter.id
+                )
+            if self._load(conn, engine, adapter, rep):
+                models.add(adapter.id)
+                engine.models = frozenset(models)
+        for adapter_id, state in ours.items():
+            if state != "loaded" or adapter_id in desired:
+                continue
+            if adapter_id in models and not self._unload(engine, adapter_id):
+                continue
+            models.discard(adapter_id)
+            engine.models = frozenset(models)
+            self._record(conn, adapter_id, engine.url, "unloaded", None)
+            rep.unloaded.append((adapter_id, engine.url))
+        ROUTER_ACTIVE_ADAPTERS.labels(engine.url).set(sum(1 for a in desired if a in models))
+
+    def _load(
+        self, conn: Connection, engine: EngineState, adapter: Desired, rep: PassReport
+    ) -> bool:
+        try:
+            path = self._prepare(adapter)
+        except artefacts.ArtefactMismatch as exc:
+            return self._refuse(conn, engine, adapter, rep, "sha256", str(exc))
+        except artefacts.ArtefactError as exc:
+            return self._refuse(conn, engine, adapter, rep, "fetch", str(exc))
+        try:
+            resp = self.client.post(
+                engine.url + "/v1/load_lora_adapter",
+                json={"lora_name": adapter.id, "lora_path": str(path)},
+            )
+        except httpx.HTTPError as exc:
+            RECONCILER_ERRORS.labels("load").inc()
+            engine.mark_down()
+            log.warning("loading %s into %s failed: %s", adapter.id, engine.url, exc)
+            return False
+        if resp.status_code != 200 and "already" not in resp.text:
+            return self._refuse(
+                conn,
+                engine,
+                adapter,
+                rep,
+                "load",
+                f"engine answered {resp.status_code}: {resp.text[:500]}",
+            )
+        COLD_STARTS.labels(engine.url).inc()
+        self._failed_at.pop(adapter.id, None)
+        self._record(conn, adapter.id, engine.url, "loaded", None, checked=True)
+        rep.loaded.append((adapter.id, engine.url))
+        log.info("loaded adapter %s into %s", adapter.id, engine.url)
+        return True
+
+    def _refuse(
+        self,
+        conn: Connection,
+        engine: EngineState,
+        adapter: Desired,
+        rep: PassReport,
+        reason: str,
+        message: str,
+    ) -> bool:
+        RECONCILER_ERRORS.labels(reason).inc()
+        self._failed_at[adapter.id] = time.monotonic()
+        self._record(conn, adapter.id, engine.url, "failed", message, checked=reason == "sha256")
+        rep.failed.append((adapter.id, engine.url, message))
+        log.error("adapter %s not loaded into %s (%s): %s", adapter.id, engine.url, reason, message)
+        return False
+
+    def _prepare(self, adapter: Desired) -> Path:
+        """The verified artefact under serving_dir/<id> (fetched once, re-verified each load)."""
+        dest = self.serving_dir / adapter.id
+        if dest.is_dir():
+            try:
+                return artefacts.verify(dest, adapter.sha256)
+            except artefacts.ArtefactError:
+                log.warning("serving copy of %s changed on disk: fetching it again", adapter.id)
+                shutil.rmtree(dest, ignore_errors=True)
+        self.serving_dir.mkdir(parents=True, exist_ok=True)
+        tmp = Path(tempfile.mkdtemp(dir=self.serving_dir, prefix=f".{adapter.id}-"))
+        try:
+            artefacts.fetch_verified(adapter.weights_uri, adapter.sha256, tmp, self.settings)
+            tmp.rename(dest)
+        finally:
+            if tmp.exists():
+                shutil.rmtree(tmp, ignore_errors=True)
+        return dest
+
+    def _unload(self, engine: EngineState, adapter_id: str) -> bool:
+        try:
+            resp = self.client.post(
+                engine.url + "/v1/unload_lora_adapter", json={"lora_name": adapter_id}
+            )
+        except httpx.HTTPError as exc:
+            RECONCILER_ERRORS.labels("unload").inc()
+            log.warning("unloading %s from %s failed: %s", adapter_id, engine.url, exc)
+            return False
+        if resp.status_code not in (200, 404):
+            RECONCILER_ERRORS.labels("unload").inc()
+            log.warning(
+                "unloading %s from %s: %s %s",
+                adapter_id,
+                engine.url,
+                resp.status_code,
+                resp.text[:200],
+            )
+            return False
+        log.info("unloaded adapter %s from %s", adapter_id, engine.url)
+        return True
+
+    def _record(
+        self,
+        conn: Connection,
+        adapter_id: str,
+        engine_url: str,
+        state: str,
+        error: str | None,
+        *,
+        checked: bool = False,
+    ) -> None:
+        conn.execute(
+            "INSERT INTO serve.adapter_deployment AS d"
+            " (adapter_id, engine_url, state, error, sha256_checked_at)"
+            " VALUES (%(a)s, %(e)s, %(s)s, %(err)s, CASE WHEN %(c)s THEN now() END)"
+            " ON CONFLICT (adapter_id, engine_url) DO UPDATE SET state = excluded.state,"
+            " error = excluded.error, updated_at = now(),"
+            " sha256_checked_at = coalesce(excluded.sha256_checked_at, d.sha256_checked_at)",
+            {"a": adapter_id, "e": engine_url, "s": state, "err": error, "c": checked},
+        )
+
+    # -- the loop -------------------------------------------------------------------------
+
+    def kick(self) -> None:
+        """Ask for a pass now (e.g. an engine answered 404 for an adapter)."""
+        self._kick.set()
+
+    def start(self) -> None:
+        """Run passes in a background thread until stop()."""
+        self._thread = threading.Thread(target=self.run_forever, name="cft-reconciler", daemon=True)
+        self._thread.start()
+
+    def request_stop(self) -> None:
+        """Make run_forever return after the current pass."""
+        self._stop.set()
+        self._kick.set()
+
+    def stop(self) -> None:
+        """Stop the loop and close the HTTP client."""
+        self._stop.set()
+        self._kick.set()
+        if self._thread:
+            self._thread.join(timeout=10)
+        self.client.close()
+
+    def run_forever(self) -> None:
+        """Pass now, then on NOTIFY cft_adapter, on kick() and every interval seconds."""
+        backoff = 0.5
+        while not self._stop.is_set():
+            try:
+                with psycopg.connect(self.db_url, autocommit=True) as listener:
+                    listener.execute(f"LISTEN {CHANNEL}")
+                    backoff = 0.5
+                    due = 0.0
+                    while not self._stop.is_set():
+                        if self._kick.is_set() or time.monotonic() >= due:
+                            self._kick.clear()
+                            self.run_once()
+                            due = time.monotonic() + self.interval
+                        for _ in listener.notifies(timeout=0.1, stop_after=1):
+                            self._kick.set()
+            except psycopg.Error as exc:
+                RECONCILER_ERRORS.labels("db").inc()
+                log.warning("reconciler lost its database connection (%s); retrying", exc)
+                self._stop.wait(backoff)
+                backoff = min(backoff * 2, 10.0)
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    """Options of `cft worker reconcile`."""
+    parser.add_argument(
+        "--engine", action="append", default=None, help="engine base URL (default CFT_ENGINE_URLS)"
+    )
+    parser.add_argument("--once", action="store_true", help="one pass, then exit")
+    parser.add_argument("--interval", type=float, default=None, help="seconds between passes")
+
+
+def run(args: argparse.Namespace) -> int:
+    """Entry point of `cft worker reconcile`."""
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
+    settings = get_settings()
+    urls: list[str] = args.engine or settings.engine_url_list
+    if not urls:
+        print("no engines: pass --engine URL or set CFT_ENGINE_URLS")
+        return 2
+    rec = Reconciler(
+        database_url(settings),
+        [EngineState(u.rstrip("/")) for u in urls],
+        serving_dir=settings.serving_path,
+        settings=settings,
+        interval=args.interval or settings.reconcile_interval,
+    )
+    if args.once:
+        report = rec.run_once()
+        for what, items in (("loaded", report.loaded), ("unloaded", report.unloaded)):
+            for adapter_id, url in items:
+                print(f"{what} {adapter_id} on {url}")
+        for adapter_id, url, why in report.failed:
+            print(f"FAILED {adapter_id} on {url}: {why}")
+        rec.client.close()
+        return 1 if report.failed or report.engines_down else 0
+
+    signal.signal(signal.SIGTERM, lambda *_: rec.request_stop())
+    with contextlib.suppress(KeyboardInterrupt):
+        rec.run_forever()
+    rec.client.close()
+    return 0

@@ -1,0 +1,137 @@
+"""The experiments API and the dashboard over real HTTP, and the page in a real headless browser."""
+
+from __future__ import annotations
+
+import shutil
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+
+from app.core.auth import create_key
+from app.main import create_app
+from tests.support.factories import make_adapter, make_route, make_tenant
+from tests.support.servers import serve_app
+from tests.support.traffic import make_traffic
+
+ARTIFACTS = Path(__file__).resolve().parents[1] / "artifacts"
+CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
+
+
+@pytest.fixture
+def world(conn: Any, db_url: str) -> Iterator[dict[str, Any]]:
+    tenant = make_tenant(conn)
+    other = make_tenant(conn)
+    route = make_route(conn, tenant_id=tenant["id"], name="support-es", experiment="support-es-exp")
+    prod = make_adapter(conn, route=route, id="support-es-v1", status="prod", traffic_pct=100)
+    canary = make_adapter(conn, route=route, id="support-es-v2", status="canary", traffic_pct=20)
+    for variant, adapter, p_up, seed in (("A", prod, 0.5, 0.3), ("B", canary, 0.6, 0.4)):
+        make_traffic(
+            conn,
+            tenant_id=tenant["id"],
+            route=route["name"],
+            experiment="support-es-exp",
+            variant=variant,
+            adapter_id=adapter["id"],
+            n=2000,
+            p_up=p_up,
+            seed=seed,
+        )
+    with serve_app(create_app(db_url=db_url)) as base:
+        yield {
+            "base": base,
+            "reader": create_key(conn, tenant_id=tenant["id"], role="reader"),
+            "ingest": create_key(conn, tenant_id=tenant["id"], role="ingest"),
+            "other": create_key(conn, tenant_id=other["id"], role="reader"),
+        }
+
+
+def _get(w: dict[str, Any], path: str, key: str) -> httpx.Response:
+    return httpx.get(w["base"] + path, headers={"Authorization": f"Bearer {key}"}, timeout=30)
+
+
+def test_list_and_metrics(world: dict[str, Any]) -> None:
+    r = _get(world, "/v1/experiments", world["reader"])
+    assert r.status_code == 200, r.text
+    [exp] = r.json()["data"]
+    assert exp["name"] == "support-es-exp" and exp["running"] and exp["n"] == 4000
+
+    r = _get(world, "/v1/experiments/support-es-exp/metrics?window=7d", world["reader"])
+    assert r.status_code == 200, r.text
+    body = r.json()
+    assert {a["variant"] for a in body["arms"]} == {"A", "B"}
+    fb = next(c for c in body["comparisons"] if c["metric"] == "feedback_mean")
+    assert fb["significant"] and fb["canary_better"] and fb["p_value"] < 0.05
+    assert body["verdicts"][0]["verdict"] == "canary_better"
+
+    # A one-hour window sees only part of the 48 hours of traffic.
+    short = _get(world, "/v1/experiments/support-es-exp/metrics?window=1h", world["reader"]).json()
+    assert sum(a["n"] for a in short["arms"]) < 4000
+
+
+def test_errors_roles_and_tenants(world: dict[str, Any]) -> None:
+    assert httpx.get(world["base"] + "/v1/experiments").status_code == 401
+    assert _get(world, "/v1/experiments", world["ingest"]).status_code == 403
+    assert _get(world, "/v1/experiments", world["other"]).json()["data"] == []
+    r = _get(world, "/v1/experiments/support-es-exp/metrics", world["other"])
+    assert r.status_code == 404 and r.json()["error"]["code"] == "experiment_not_found"
+    r = _get(world, "/v1/experiments/support-es-exp/metrics?window=forever", world["reader"])
+    assert r.status_code == 400 and r.json()["error"]["param"] == "window"
+
+
+def test_dashboard_login(world: dict[str, Any]) -> None:
+    base = world["base"]
+    page = httpx.get(base + "/dashboard")
+    assert page.status_code == 200 and 'name="key"' in page.text
+    bad = httpx.post(base + "/dashboard/login", data={"key": "cft_nope"})
+    assert bad.status_code == 401
+    assert httpx.post(base + "/dashboard/login", data={"key": world["ingest"]}).status_code == 403
+    with httpx.Client(base_url=base) as client:
+        r = client.post("/dashboard/login", data={"key": world["reader"]})
+        assert r.status_code == 303
+        cookie = r.headers["set-cookie"].lower()
+        assert "httponly" in cookie and "samesite=strict" in cookie
+        home = client.get("/dashboard")
+        assert "support-es-v2" in home.text and 'id="timeline"' in home.text
+        exp = client.get("/dashboard/experiments/support-es-exp")
+        assert exp.status_code == 200
+        assert exp.text.count('class="line"') >= 8 and "canary significantly better" in exp.text
+
+
+@pytest.mark.skipif(CHROMIUM is None, reason="chromium is not installed (apt-get install chromium)")
+def test_dashboard_in_headless_chromium(world: dict[str, Any]) -> None:
+    from playwright.sync_api import sync_playwright
+
+    ARTIFACTS.mkdir(exist_ok=True)
+    errors: list[str] = []
+    with sync_playwright() as pw:
+        browser = pw.chromium.launch(
+            executable_path=CHROMIUM, args=["--headless", "--no-sandbox", "--disable-gpu"]
+        )
+        try:
+            page = browser.new_page(viewport={"width": 1400, "height": 1000})
+            page.set_default_timeout(10_000)
+            page.on("console", lambda m: errors.append(m.text) if m.type == "error" else None)
+            page.on("pageerror", lambda e: errors.append(str(e)))
+            page.goto(world["base"] + "/dashboard")
+            page.fill("#key", world["reader"])
+            page.click("button[type=submit]")
+            page.wait_for_selector("#timeline")
+            assert page.locator("#timeline rect").count() >= 2
+            page.screenshot(path=str(ARTIFACTS / "dashboard.png"), full_page=True)
+            page.click("a[href='/dashboard/experiments/support-es-exp']")
+            page.wait_for_selector("#chart-thumbs")
+            for chart in ("chart-thumbs", "chart-feedback", "chart-ttft", "chart-regen"):
+                svg = page.locator(f"#{chart}")
+                assert int(svg.get_attribute("data-points") or 0) > 40, chart
+                box = svg.bounding_box()
+                assert box is not None and box["width"] > 300 and box["height"] > 150
+            assert page.locator("#chart-thumbs polygon.band").count() == 2
+            assert "canary significantly better" in page.inner_text(".verdict")
+            page.screenshot(path=str(ARTIFACTS / "experiment.png"), full_page=True)
+        finally:
+            browser.close()
+    assert errors == []
+    assert (ARTIFACTS / "experiment.png").stat().st_size > 10_000
