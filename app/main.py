@@ -19,6 +19,8 @@ from app.datasets import router as datasets_router
 from app.experiments import dashboard as experiments_dashboard
 from app.experiments import router as experiments_router
 from app.logs import router as logs_router
+from app.privacy import router as privacy_router
+from app.routes import router as routes_router
 from app.routing import gateway
 from app.routing import service as routing
 from app.training import router as training_router
@@ -65,9 +67,11 @@ def create_app(
     app.include_router(logs_router.router)
     app.add_middleware(BodyLimitMiddleware, max_bytes=settings.max_body_bytes)
     app.include_router(training_router.router)
+    app.include_router(privacy_router.router)
     app.include_router(experiments_router.router)
     app.include_router(experiments_dashboard.router)
     app.include_router(gateway.router)
+    app.include_router(routes_router.router)
 
     @app.middleware("http")
     async def _measure(

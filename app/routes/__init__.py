@@ -1,0 +1,1 @@
+"""Routes: the serving slots adapters compete for."""

@@ -1,0 +1,59 @@
+"""Routes over REST: create, read, list, isolation, errors."""
+
+from __future__ import annotations
+
+import httpx
+import pytest
+
+from app.core.auth import create_key
+from app.main import create_app
+from tests.support.factories import make_tenant
+from tests.support.servers import serve_app
+
+
+@pytest.fixture
+def api(db_url, conn):
+    t1, t2 = make_tenant(conn), make_tenant(conn)
+    keys = {
+        "trainer": create_key(conn, tenant_id=t1["id"], role="trainer"),
+        "reader": create_key(conn, tenant_id=t1["id"], role="reader"),
+        "ingest": create_key(conn, tenant_id=t1["id"], role="ingest"),
+        "other": create_key(conn, tenant_id=t2["id"], role="trainer"),
+    }
+    with serve_app(create_app(db_url=db_url)) as base:
+        yield base, keys
+
+
+def h(key):
+    return {"Authorization": f"Bearer {key}"}
+
+
+def test_create_read_list_and_isolation(api):
+    base, keys = api
+    r = httpx.post(f"{base}/v1/routes", json={"name": "support-es"}, headers=h(keys["trainer"]))
+    assert r.status_code == 201, r.text
+    assert r.json()["base_model"] == "smollm2-135m-instruct"
+    assert httpx.get(f"{base}/v1/routes/support-es", headers=h(keys["reader"])).status_code == 200
+    assert [
+        x["name"] for x in httpx.get(f"{base}/v1/routes", headers=h(keys["reader"])).json()
+    ] == ["support-es"]
+    assert httpx.get(f"{base}/v1/routes/support-es", headers=h(keys["other"])).status_code == 404
+    assert httpx.get(f"{base}/v1/routes", headers=h(keys["other"])).json() == []
+    dup = httpx.post(f"{base}/v1/routes", json={"name": "support-es"}, headers=h(keys["other"]))
+    assert dup.status_code == 409 and "already exists" in dup.json()["error"]["message"]
+
+
+@pytest.mark.parametrize(
+    "body", [{"name": ""}, {"name": "bad name"}, {"name": "x", "extra": 1}, {"base_model": "m"}]
+)
+def test_bad_input_is_422(api, body):
+    base, keys = api
+    r = httpx.post(f"{base}/v1/routes", json=body, headers=h(keys["trainer"]))
+    assert r.status_code == 422
+    assert r.json()["error"]["message"]
+
+
+def test_ingest_key_cannot_create_routes(api):
+    base, keys = api
+    r = httpx.post(f"{base}/v1/routes", json={"name": "r1"}, headers=h(keys["ingest"]))
+    assert r.status_code == 403
