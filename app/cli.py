@@ -18,6 +18,7 @@ PLUGINS: list[str] = [
     "app.tenants.cli",
     "app.datasets.cli",
     "app.adapters.cli",
+    "app.privacy.cli",
 ]
 
 # `cft worker NAME`: each module has `add_arguments(parser)` and `run(args) -> int`.
@@ -27,6 +28,7 @@ WORKERS: dict[str, str] = {
     "train": "workers.trainer.cli",
     "experiments": "app.experiments.worker",
     "reconcile": "app.routing.reconciler",
+    "eval": "workers.evaluator.cli",
 }
 
 
@@ -118,9 +120,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--no-migrate", action="store_true", help="do not upgrade the schema first")
     p.set_defaults(func=_serve)
 
-    p = sub.add_parser("run", help="the main job: everything on one machine")
-    p.add_argument("--host")
-    p.add_argument("--port", type=int)
+    p = sub.add_parser("run", help="the main job: everything on one machine, and the demo loop")
+    from app import run as main_job
+
+    main_job.add_arguments(p)
     p.set_defaults(func=_run)
 
     p = sub.add_parser("worker", help="run a worker process: " + ", ".join(WORKERS))

@@ -1,0 +1,1 @@
+"""The simulated product that drives the demo loop through cft's public APIs only."""

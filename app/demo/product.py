@@ -1,0 +1,67 @@
+"""A support product whose users have a hidden, checkable house style.
+
+Users ask a support route about a device problem. They want every answer to open with the
+house greeting "Dear customer," — the bare base model never does that. A user rates an answer
+up when it follows the style and down otherwise; unhappy users sometimes press "regenerate" and
+sometimes edit the answer into what they wanted (the edit is the SFT signal; the original and
+its edit also form a preference pair).
+"""
+
+from __future__ import annotations
+
+import random
+from dataclasses import dataclass
+
+GREETING = "Dear customer,"
+STYLE_REGEX = r"^\s*Dear customer,"
+
+PRODUCTS = [
+    "router", "printer", "laptop", "phone", "tablet", "smart TV", "modem", "headset",
+    "camera", "smartwatch", "speaker", "monitor", "keyboard", "game console", "e-reader",
+]  # fmt: skip
+PROBLEMS = [
+    "won't turn on", "keeps restarting", "has no sound", "is very slow",
+    "won't connect to wifi", "shows an error code", "gets too hot", "won't charge",
+]  # fmt: skip
+
+
+@dataclass(frozen=True)
+class Question:
+    """One support question."""
+
+    product: str
+    problem: str
+
+    @property
+    def messages(self) -> list[dict[str, str]]:
+        """The chat messages the product sends."""
+        return [{"role": "user", "content": f"My {self.product} {self.problem}. What should I do?"}]
+
+    def wanted_answer(self) -> str:
+        """What a user writes when they edit the answer into the house style."""
+        return (
+            f"{GREETING} we are sorry that your {self.product} {self.problem}. Please restart it,"
+            " and if the problem persists, contact us with its serial number."
+        )
+
+
+def follows_style(answer: str | None) -> bool:
+    """The hidden preference: the answer opens with the house greeting."""
+    return bool(answer) and answer.lstrip().startswith(GREETING)  # type: ignore[union-attr]
+
+
+def questions(seed: int = 7) -> tuple[list[Question], list[Question]]:
+    """All questions, split deterministically into (training traffic, held out)."""
+    rng = random.Random(seed)
+    qs = [Question(p, q) for p in PRODUCTS for q in PROBLEMS]
+    rng.shuffle(qs)
+    cut = int(len(qs) * 0.75)
+    return qs[:cut], qs[cut:]
+
+
+@dataclass(frozen=True)
+class UserBehaviour:
+    """How simulated users react to an answer they dislike."""
+
+    p_edit: float = 0.7
+    p_regenerate: float = 0.3
