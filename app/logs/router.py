@@ -23,6 +23,9 @@ from app.logs.schemas import FeedbackIn, LogBatchOut
 
 router = APIRouter(prefix="/v1/logs", tags=["logs"])
 
+# How long feedback waits for a record still queued in this process's router log writer.
+FEEDBACK_WAIT_S = 5.0
+
 PoolDep = Annotated[Pool, Depends(get_pool)]
 
 
@@ -67,8 +70,17 @@ async def post_logs(request: Request, key: IngestKey, pool: PoolDep) -> Response
 
 
 @router.post("/{request_id}/feedback", summary="Feedback on a logged request")
-def post_feedback(request_id: UUID, body: FeedbackIn, key: IngestKey, conn: TenantConn) -> Response:
+def post_feedback(
+    request_id: UUID, body: FeedbackIn, key: IngestKey, conn: TenantConn, request: Request
+) -> Response:
     """Record thumbs, a regeneration or an edit for a logged request."""
+    # A call this process's router answered moments ago may still sit in its log writer's
+    # queue: wait for that write (bounded) instead of answering 404.
+    runtime = getattr(request.app.state, "router", None)
+    if runtime is not None:
+        runtime.writer.wait_written(str(request_id), timeout=FEEDBACK_WAIT_S)
+        if body.regenerated_by is not None:
+            runtime.writer.wait_written(str(body.regenerated_by), timeout=FEEDBACK_WAIT_S)
     if (
         body.thumbs is None
         and body.regenerated is None

@@ -16,6 +16,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import threading
 from collections.abc import Callable
 from typing import Any
 
@@ -45,6 +46,8 @@ class LogWriter:
         self._pending_puts: set[asyncio.Task[None]] = set()
         self.written = 0
         self.failures = 0
+        # request_id -> set once its record is written (feedback may arrive before that).
+        self._unwritten: dict[str, threading.Event] = {}
 
     def start(self) -> None:
         """Start the writer task on the running loop."""
@@ -57,7 +60,18 @@ class LogWriter:
 
     async def put(self, record: dict[str, Any]) -> None:
         """Queue a record; waits while the queue is full (back-pressure)."""
+        rid = record.get("request_id")
+        if rid:
+            self._unwritten[str(rid)] = threading.Event()
         await self._queue.put(record)
+
+    def wait_written(self, request_id: str, timeout: float) -> bool:
+        """Block (in a worker thread) until request_id's record is written; False on timeout.
+
+        Returns True at once for ids this writer never queued.
+        """
+        event = self._unwritten.get(request_id)
+        return True if event is None else event.wait(timeout)
 
     def submit(self, record: dict[str, Any]) -> None:
         """Queue a record without awaiting (for cleanup code that may run while cancelled).
@@ -113,5 +127,8 @@ class LogWriter:
                     )
                     await asyncio.sleep(backoff)
                     backoff = min(backoff * 2, self._max_backoff)
-            for _ in batch:
+            for record in batch:
+                event = self._unwritten.pop(str(record.get("request_id")), None)
+                if event is not None:
+                    event.set()
                 self._queue.task_done()

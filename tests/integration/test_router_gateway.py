@@ -215,3 +215,27 @@ def test_gateway_needs_a_key(setup):
         json={"model": setup["route"]["name"], "messages": [{"role": "user", "content": "x"}]},
     )
     assert resp.status_code == 401
+
+
+def test_feedback_right_after_the_call_waits_for_the_queued_log(setup):
+    headers = {"Authorization": f"Bearer {setup['key']}"}
+    for i in range(3):
+        resp = httpx.post(
+            f"{setup['api']}/v1/completions",
+            json={
+                "model": setup["route"]["name"],
+                "prompt": "Hi",
+                "max_tokens": 2,
+                "user": f"u{i}",
+            },
+            headers=headers,
+            timeout=60,
+        )
+        assert resp.status_code == 200
+        fb = httpx.post(
+            f"{setup['api']}/v1/logs/{resp.headers['x-request-id']}/feedback",
+            json={"thumbs": -1},
+            headers=headers,
+        )
+        assert fb.status_code == 200, fb.text
+        assert fb.json()["fb_explicit"] == -1
