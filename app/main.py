@@ -16,6 +16,7 @@ from app.core.db import database_url, make_pool
 from app.core.limits import BodyLimitMiddleware
 from app.core.metrics import HTTP_LATENCY, HTTP_REQUESTS
 from app.datasets import router as datasets_router
+from app.evals import router as evals_router
 from app.experiments import dashboard as experiments_dashboard
 from app.experiments import router as experiments_router
 from app.logs import router as logs_router
@@ -67,6 +68,7 @@ def create_app(
     app.include_router(logs_router.router)
     app.add_middleware(BodyLimitMiddleware, max_bytes=settings.max_body_bytes)
     app.include_router(training_router.router)
+    app.include_router(evals_router.router)
     app.include_router(privacy_router.router)
     app.include_router(experiments_router.router)
     app.include_router(experiments_dashboard.router)

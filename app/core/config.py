@@ -65,6 +65,15 @@ class Settings(BaseSettings):
     router_key_cache_ttl: float = Field(
         5.0, description="Seconds the router caches an API key lookup (revocation delay bound)."
     )
+    eval_judge_url: str | None = Field(
+        None, description="OpenAI-compatible base URL of an LLM judge; unset = no judging."
+    )
+    eval_judge_model: str = Field("", description="Model name the judge endpoint is asked for.")
+    eval_judge_key: SecretStr | None = Field(None, description="Bearer key of the judge endpoint.")
+    eval_judge_rubric: str = Field(
+        "Score how helpful, correct and safe the answer is.",
+        description="Default rubric of judge suites (a suite's own rubric wins).",
+    )
     embedding_model: str = Field(
         "all-MiniLM-L6-v2", description="sentence-transformers model for prompt embeddings."
     )

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
+import psycopg
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
@@ -128,6 +129,15 @@ def install(app: FastAPI) -> None:
         message, param = _describe_validation(exc)
         return JSONResponse(
             error_body(message, "invalid_request_error", "invalid_value", param), 422
+        )
+
+    @app.exception_handler(psycopg.DataError)
+    async def _data(_: Request, exc: psycopg.DataError) -> JSONResponse:
+        # SQLSTATE class 22 (and psycopg's own NUL-byte refusal): a value the client sent is
+        # not representable, e.g. a NUL character in a text field. The client's error, not ours.
+        first = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+        return JSONResponse(
+            error_body(f"invalid value: {first}", "invalid_request_error", "invalid_value"), 422
         )
 
     @app.exception_handler(StarletteHTTPException)

@@ -6,7 +6,7 @@ from datetime import datetime
 from typing import Any
 from uuid import UUID
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from workers.trainer.hyperparams import Hyperparameters, Method
 
@@ -23,6 +23,11 @@ class TrainingRunCreate(BaseModel):
     hyperparameters: Hyperparameters = Field(default_factory=Hyperparameters)  # type: ignore[arg-type]
     priority: int = Field(0, ge=-1000, le=1000)
     max_attempts: int = Field(3, ge=1, le=20)
+
+    @model_validator(mode="after")
+    def _method_settings(self) -> TrainingRunCreate:
+        self.hyperparameters.check_method(self.method)
+        return self
 
 
 class TrainingRunOut(BaseModel):

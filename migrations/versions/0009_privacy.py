@@ -15,9 +15,17 @@ branch_labels = None
 depends_on = None
 
 # SQL files this migration runs, in order (paths under sql/).
-FILES: list[str] = []
+FILES: list[str] = [
+    "schema/forget_request_v1.sql",
+    "indexes/inference_log_user_hash_v1.sql",
+    "functions/forget_user_v1.sql",
+]
 # SQL that undoes them (drop what FILES created).
-DOWNGRADE_SQL = ""
+DOWNGRADE_SQL = """
+DROP FUNCTION IF EXISTS auth.forget_user_v1(bytea);
+DROP INDEX IF EXISTS obs.inference_log_user_hash_idx;
+DROP TABLE IF EXISTS auth.forget_request;
+"""
 
 
 def upgrade() -> None:

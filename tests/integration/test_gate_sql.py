@@ -178,6 +178,8 @@ def test_missing_adapters_other_route_and_other_base_are_refused(conn, world):
 
 
 def test_no_policy_is_refused_and_a_route_row_overrides_the_global_one(conn):
+    # Start without the default global policy the evaluator migration installs.
+    conn.execute("DELETE FROM train.promotion_policy WHERE route IS NULL")
     t = make_tenant(conn)
     r = make_route(conn, tenant_id=t["id"])
     prod = make_adapter(conn, route=r, status="prod", traffic_pct=100)["id"]

@@ -162,7 +162,9 @@ def test_loads_refuses_tampered_falls_back_and_unloads_on_retire(world: World, e
             "UPDATE serve.adapter SET status = 'retired', traffic_pct = 0 WHERE id = %s", prod
         )
         wait_until(lambda: prod not in engine_models(engine), what="unload")
-        assert deployment(world.db_url, prod)["state"] == "unloaded"
+        wait_until(
+            lambda: deployment(world.db_url, prod)["state"] == "unloaded", what="unload recorded"
+        )
         resp = world.call(api)
         assert resp.status_code == 200 and resp.headers["x-cft-adapter"] == BASE
 

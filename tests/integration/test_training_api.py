@@ -81,6 +81,8 @@ def test_training_run_lifecycle_over_http(api, conn) -> None:  # type: ignore[no
         ({"hyperparameters": {"learning_rate": -1}}, 422, "learning_rate"),
         ({"hyperparameters": {"lora_rank": 8}}, 422, "lora_rank"),
         ({"hyperparameters": {"target_modules": ["q_proj; drop"]}}, 422, "target_modules"),
+        ({"hyperparameters": {"packing": True}}, 422, "packing is for sft only"),
+        ({"hyperparameters": {"padding_free": True}}, 422, "DPOTrainer disables it"),
         ({"method": "sft"}, 400, "holds dpo examples"),
         ({"snapshot_id": str(uuid.uuid4())}, 404, "does not exist"),
     ],

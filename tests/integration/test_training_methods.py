@@ -1,6 +1,8 @@
 """Each method trains end to end: snapshot rows -> worker -> stored, verified artefact -> PeftModel.
 
-Real model (SmolLM2-135M in NF4 on the CPU), real TRL trainers, tiny data and 2 steps.
+Real model (SmolLM2-135M in NF4 on the CPU), real TRL trainers, tiny data (4 examples), 2 steps
+of batch 2 at max_length 96. Like one worker process, the module loads the NF4 base once
+(`bases`) and every run wraps and unloads its own LoRA around it.
 """
 
 from __future__ import annotations
@@ -18,7 +20,16 @@ import torch
 
 from app.core.artefacts import LocalStore, S3Store, verify
 from tests.support.servers import free_port
-from tests.support.training import make_run, setup_route
+from tests.support.training import examples, make_run, setup_route
+from workers import base_model as bm
+from workers.trainer.hyperparams import Hyperparameters
+from workers.trainer.train import (
+    BaseCache,
+    _check_rows,
+    _has_adapter_layers,
+    base_fingerprint,
+    build_trainer,
+)
 from workers.trainer.worker import Worker, WorkerConfig
 
 pytestmark = pytest.mark.slow
@@ -42,6 +53,22 @@ def s3_store() -> Iterator[S3Store]:
     client.create_bucket(Bucket="adapters")
     yield S3Store("adapters", client)
     server.stop()
+
+
+@pytest.fixture(scope="module")
+def bases(models_dir: Path) -> BaseCache:
+    """The worker-like context of this module: the NF4 base, loaded once."""
+    cache = BaseCache()
+    with cache.lease(bm.BUNDLED, models_dir):
+        pass
+    return cache
+
+
+def _assert_base_pristine(bases: BaseCache) -> None:
+    base = bases.current
+    assert base is not None and bases.loads == 1, "the NF4 base was loaded more than once"
+    assert not _has_adapter_layers(base.model)
+    assert base_fingerprint(base.model) == base.fingerprint
 
 
 @pytest.fixture(scope="module")
@@ -80,19 +107,23 @@ def _logits_differ(probe: dict[str, Any], path: Path, name: str) -> float:
     [("sft", "local"), ("dpo", "s3"), ("kto", "local"), ("orpo", "local"), ("simpo", "s3")],
 )
 def test_method_trains_to_verified_artefact(  # type: ignore[no-untyped-def]
-    method: str, backend: str, conn, db_url, tmp_path, models_dir, probe, s3_store
+    method: str, backend: str, conn, db_url, tmp_path, models_dir, probe, s3_store, bases
 ) -> None:
     _, route, snap = setup_route(conn, method)
     run = make_run(conn, snapshot=snap)
     store = s3_store if backend == "s3" else LocalStore(tmp_path / "store")
-    cfg = WorkerConfig(db_url=db_url, models_dir=models_dir, store=store, lease_s=30)
+    cfg = WorkerConfig(db_url=db_url, models_dir=models_dir, store=store, lease_s=30, bases=bases)
     started = time.monotonic()
     assert Worker(cfg).run_once()
     elapsed = time.monotonic() - started
 
     row = conn.execute("SELECT * FROM train.training_run WHERE id = %s", (run["id"],)).fetchone()
     assert row["status"] == "succeeded", row["error"]
-    assert row["progress"]["step"] == 2 and row["progress"]["total"] == 2
+    progress = row["progress"]
+    assert progress["step"] == 2 and progress["total"] == 2
+    assert progress["loss"] is not None and progress["eta_s"] is not None
+    assert "tokens_per_s" in progress and progress["metrics"]["steps"] == 2
+    _assert_base_pristine(bases)
     ad = conn.execute("SELECT * FROM serve.adapter WHERE id = %s", (row["adapter_id"],)).fetchone()
     assert ad["status"] == "candidate" and ad["method"] == method
     assert ad["id"].startswith(f"{route['name']}-") and ad["id"].endswith(run["id"].hex[:8])
@@ -123,14 +154,50 @@ def test_method_trains_to_verified_artefact(  # type: ignore[no-untyped-def]
     )
 
 
-def test_cancel_stops_a_running_worker(conn, db_url, tmp_path, models_dir) -> None:  # type: ignore[no-untyped-def]
+def test_sft_loss_covers_only_the_answer(tmp_path, bases) -> None:  # type: ignore[no-untyped-def]
+    """SFT rows become prompt-completion pairs: labels are the last assistant turn only."""
+    rows = [
+        {
+            "messages": [
+                {"role": "system", "content": "Answer briefly."},
+                {"role": "user", "content": "What is 2 plus 2?"},
+                {"role": "assistant", "content": "Four."},
+                {"role": "user", "content": "And 3 plus 3?"},
+                {"role": "assistant", "content": "3 plus 3 is 6."},
+            ]
+        },
+        *examples("sft", 1),
+    ]
+    hp = Hyperparameters(max_steps=1, max_length=96, batch_size=2, grad_accum=1)
+    train_rows = _check_rows("sft", rows, "train")
+    assert train_rows[0]["completion"] == [rows[0]["messages"][-1]]
+    base = bases.current
+    with build_trainer("sft", train_rows, [], tmp_path, hp, base) as trainer:
+        batch = next(iter(trainer.get_train_dataloader()))
+    _assert_base_pristine(bases)
+    tok = base.tokenizer
+    seen = set()
+    for ids, labels in zip(batch["input_ids"], batch["labels"], strict=True):
+        mask = labels != -100
+        text = tok.decode(labels[mask])
+        seen.add(text.strip())
+        # The trained tokens are one contiguous run right after the assistant header.
+        first, last = int(mask.nonzero()[0]), int(mask.nonzero()[-1])
+        assert int(mask.sum()) == last - first + 1
+        assert tok.decode(ids[:first]).endswith("<|im_start|>assistant\n")
+    assert seen == {"3 plus 3 is 6.<|im_end|>", "0 plus 0 is 0.<|im_end|>"}, seen
+
+
+def test_cancel_stops_a_running_worker(conn, db_url, tmp_path, models_dir, bases) -> None:  # type: ignore[no-untyped-def]
     _, _, snap = setup_route(conn, "sft")
     run = make_run(
         conn,
         snapshot=snap,
         params={"max_steps": 50, "max_length": 64, "batch_size": 1, "grad_accum": 1},
     )
-    cfg = WorkerConfig(db_url=db_url, models_dir=models_dir, store=LocalStore(tmp_path), lease_s=30)
+    cfg = WorkerConfig(
+        db_url=db_url, models_dir=models_dir, store=LocalStore(tmp_path), lease_s=30, bases=bases
+    )
     t = threading.Thread(target=Worker(cfg).run_once)
     t.start()
     deadline = time.monotonic() + 120
@@ -147,3 +214,4 @@ def test_cancel_stops_a_running_worker(conn, db_url, tmp_path, models_dir) -> No
     assert row["status"] == "cancelled", row
     assert row["progress"]["step"] < 50 and "cancel" in row["error"]
     assert conn.execute("SELECT count(*) AS n FROM serve.adapter").fetchone()["n"] == 0
+    _assert_base_pristine(bases)  # a cancelled run unloads its LoRA too

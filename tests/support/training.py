@@ -85,7 +85,7 @@ def make_run(conn: Any, *, snapshot: dict[str, Any], **over: Any) -> dict[str, A
         "base_model": "smollm2-135m-instruct",
         "params": {
             "max_steps": 2,
-            "max_length": 128,
+            "max_length": 96,
             "batch_size": 2,
             "grad_accum": 1,
             "learning_rate": 1e-3,

@@ -3,16 +3,21 @@
 Defaults follow the seed's QLoRA runbook (r=8, alpha=16, dropout 0.05, q/k/v/o, lr 2e-4,
 cosine, warmup 3 %, batch 1 x grad-accum 16, 3 epochs, max_length 2048). Pure pydantic: the
 control plane imports it without loading any ML library.
+
+Speed settings (packing, padding_free, use_liger_kernel) default to None: the trainer picks them
+per device and method (see `workers.trainer.train._speed_setup`); BENCHMARKS.md "QLoRA on GPU
+(issue 5)" measured BFD packing + Liger at 1.8-2.5x the runbook's SFT tokens/s at ~equal VRAM.
 """
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 METHODS = ("sft", "dpo", "kto", "orpo", "simpo")
 Method = Literal["sft", "dpo", "kto", "orpo", "simpo"]
+_GC_KEYS = {"use_reentrant", "preserve_rng_state"}
 
 
 class Hyperparameters(BaseModel):
@@ -47,6 +52,23 @@ class Hyperparameters(BaseModel):
     optim: str | None = Field(
         None, description="Optimizer; None: paged_adamw_8bit on CUDA, adamw_torch on CPU."
     )
+    gradient_checkpointing_kwargs: dict[str, bool] = Field(
+        default_factory=lambda: {"use_reentrant": False},
+        description="Passed to gradient_checkpointing_enable; non-reentrant by default.",
+    )
+    packing: bool | None = Field(
+        None,
+        description="SFT only: BFD-pack examples into max_length rows. None: on for SFT with"
+        " CUDA, off on CPU.",
+    )
+    padding_free: bool | None = Field(
+        None, description="SFT only, needs packing (TRL 1.16). None: the same as packing."
+    )
+    use_liger_kernel: bool | None = Field(
+        None,
+        description="Liger kernels (CUDA only; ignored with a warning on CPU). None: on with CUDA"
+        " for SFT and DPO when liger-kernel is installed.",
+    )
 
     @field_validator("target_modules")
     @classmethod
@@ -55,3 +77,40 @@ class Hyperparameters(BaseModel):
             if not name or not name.replace("_", "").replace(".", "").isalnum():
                 raise ValueError(f"invalid module name {name!r}")
         return value
+
+    @field_validator("gradient_checkpointing_kwargs")
+    @classmethod
+    def _gc_kwargs(cls, value: dict[str, Any]) -> dict[str, bool]:
+        unknown = set(value) - _GC_KEYS
+        if unknown:
+            raise ValueError(
+                f"unknown gradient_checkpointing_kwargs {', '.join(sorted(unknown))}"
+                f" (allowed: {', '.join(sorted(_GC_KEYS))})"
+            )
+        return {"use_reentrant": False} | value
+
+    @model_validator(mode="after")
+    def _speed(self) -> Hyperparameters:
+        if self.padding_free and self.packing is False:
+            raise ValueError(
+                "padding_free needs packing in TRL 1.16 (without it max_length is not enforced):"
+                " set packing=true or leave padding_free unset"
+            )
+        if self.packing and self.padding_free is False:
+            raise ValueError(
+                "packing in cft is TRL's BFD packing, which is always padding-free:"
+                " leave padding_free unset or true"
+            )
+        return self
+
+    def check_method(self, method: str) -> None:
+        """Refuse settings the method's TRL trainer does not support (ValueError)."""
+        if method == "sft":
+            return
+        if self.packing:
+            raise ValueError(f"packing is for sft only; {method} trains on (prompt, answer) pairs")
+        if self.padding_free:
+            raise ValueError(
+                f"padding_free is for sft only: TRL 1.16's DPOTrainer disables it, and the"
+                f" {method} trainer does not offer it; leave padding_free unset"
+            )

@@ -29,7 +29,13 @@ from psycopg.types.json import Jsonb
 
 from app.core.artefacts import ArtefactError, ArtefactExists, LocalStore, S3Store, describe
 from workers.trainer.hyperparams import Hyperparameters
-from workers.trainer.train import Progress, TrainingCancelled, TrainingDataError, train_adapter
+from workers.trainer.train import (
+    BaseCache,
+    Progress,
+    TrainingCancelled,
+    TrainingDataError,
+    train_adapter,
+)
 
 log = logging.getLogger(__name__)
 
@@ -52,6 +58,8 @@ class WorkerConfig:
     heartbeat_s: float = 0.0  # 0: a third of the lease
     poll_s: float = 5.0
     work_dir: Path | None = None
+    # Where the NF4 base stays loaded between runs; None: the process-wide cache (train.BASES).
+    bases: BaseCache | None = None
 
     def __post_init__(self) -> None:
         if not self.worker_id:
@@ -269,6 +277,7 @@ class Worker:
                 "set_hash": snap["set_hash"],
                 "training_run_id": str(run_id),
             },
+            bases=self.cfg.bases,
         )
         if hb.lost:
             raise LeaseLost("lease lost during training; not registering")

@@ -1,0 +1,1 @@
+"""Task suites of the evaluator and evaluation requests."""

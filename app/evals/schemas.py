@@ -1,0 +1,70 @@
+"""Pydantic I/O of task suites and evaluation requests."""
+
+from __future__ import annotations
+
+from datetime import datetime
+from typing import Any, Literal
+
+from pydantic import BaseModel, Field
+
+CheckKind = Literal["exact", "contains", "regex", "json_schema", "max_length"]
+
+
+class CaseIn(BaseModel):
+    """One prompt and the check its answer must pass."""
+
+    messages: list[dict[str, Any]] = Field(min_length=1)
+    check: CheckKind
+    expected: Any
+    max_tokens: int = Field(32, ge=1, le=4096)
+
+
+class SuiteIn(BaseModel):
+    """A task suite of a route (route null = every route of the tenant)."""
+
+    id: str = Field(pattern=r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$")
+    name: str | None = None
+    route: str | None = None
+    kind: Literal["task", "judge"] = "task"
+    rubric: str | None = None
+    cases: list[CaseIn] = Field(min_length=1)
+
+
+class CaseOut(BaseModel):
+    """A stored case."""
+
+    id: int
+    messages: list[dict[str, Any]]
+    check_kind: str
+    expected: Any
+    max_tokens: int
+
+
+class SuiteOut(BaseModel):
+    """A stored suite with its cases."""
+
+    id: str
+    name: str
+    route: str | None
+    kind: str
+    rubric: str | None
+    created_at: datetime
+    cases: list[CaseOut] = []
+
+
+class SuiteList(BaseModel):
+    """Suites of the tenant."""
+
+    data: list[SuiteOut]
+
+
+class EvalRequestOut(BaseModel):
+    """A queued (or running, or finished) evaluation."""
+
+    id: int
+    adapter_id: str
+    status: str
+    requested_by: str | None
+    error: str | None
+    created_at: datetime
+    finished_at: datetime | None

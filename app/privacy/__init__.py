@@ -1,0 +1,1 @@
+"""Privacy: forgetting a user (their logs deleted, what was built from them tainted)."""

@@ -1,0 +1,231 @@
+"""The evaluator: real scores for small adapters on a real snapshot and suite, into the gate."""
+
+from __future__ import annotations
+
+import math
+import os
+import subprocess
+import sys
+import uuid
+from pathlib import Path
+from typing import Any
+
+import psycopg
+import pytest
+
+from app.core.artefacts import get_store
+from app.core.config import Settings
+from tests.support.factories import make_adapter, make_route, make_tenant
+from tests.support.training import make_snapshot
+from workers import base_model
+from workers.evaluator.worker import JUDGE_MODEL, EvalConfig, Evaluator
+
+BASE = base_model.BUNDLED
+
+
+def _heldout(start: int, n: int) -> list[dict[str, Any]]:
+    """n SFT examples unlike the training ones."""
+    return [
+        {
+            "messages": [
+                {"role": "user", "content": f"What is {i} plus {i}?"},
+                {"role": "assistant", "content": f"{i} plus {i} is {2 * i}."},
+            ]
+        }
+        for i in range(start, start + n)
+    ]
+
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def _adapter_dir(models_dir: Path, target: Path, seed: int | None) -> Path:
+    """A LoRA adapter: seed None = zero-initialised (the base itself), else a random, harmful one."""
+    import torch
+    from peft import LoraConfig, get_peft_model
+
+    if seed is not None:
+        torch.manual_seed(seed)
+    model = get_peft_model(
+        base_model.load_model(BASE, models_dir),
+        LoraConfig(
+            r=4, lora_alpha=16, target_modules=["q_proj", "v_proj"], init_lora_weights=seed is None
+        ),
+    )
+    if seed is not None:
+        with torch.no_grad():
+            for name, param in model.named_parameters():
+                if "lora_B" in name:
+                    param.mul_(4)
+    model.save_pretrained(target)
+    return target
+
+
+@pytest.fixture(scope="module")
+def weights(models_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
+    tmp = tmp_path_factory.mktemp("weights")
+    return {
+        "good": _adapter_dir(models_dir, tmp / "good", None),
+        "bad": _adapter_dir(models_dir, tmp / "bad", 7),
+    }
+
+
+@pytest.fixture(scope="module")
+def settings(tmp_path_factory: pytest.TempPathFactory) -> Settings:
+    return Settings(home=ROOT / ".cft", artefact_dir=tmp_path_factory.mktemp("artefacts"))
+
+
+@pytest.fixture(scope="module")
+def evaluator(models_dir: Path, settings: Settings) -> Evaluator:
+    # One evaluator (one base model load) for the module; db_url is set per test.
+    return Evaluator(EvalConfig(db_url="", models_dir=models_dir, settings=settings))
+
+
+def _register(
+    conn: Any, settings: Settings, route: dict[str, Any], path: Path, **over: Any
+) -> dict[str, Any]:
+    version = f"v{uuid.uuid4().hex[:8]}"
+    stored = get_store(settings).put_dir(path, route["name"], version)
+    return make_adapter(
+        conn,
+        route=route,
+        id=f"{route['name']}-{version}",
+        weights_uri=stored.uri,
+        sha256=stored.sha256,
+        size_bytes=stored.size_bytes,
+        **over,
+    )
+
+
+@pytest.fixture
+def world(conn: Any, settings: Settings, weights: dict[str, Path]) -> dict[str, Any]:
+    t = make_tenant(conn)
+    r = make_route(conn, tenant_id=t["id"])
+    snap = make_snapshot(
+        conn, tenant_id=t["id"], route=r["name"], method="sft", eval=_heldout(10, 3)
+    )
+    conn.execute(
+        "INSERT INTO train.eval_suite (id, tenant_id, route, name) VALUES (%s, %s, %s, 'short')",
+        (f"short-{r['name']}", t["id"], r["name"]),
+    )
+    conn.execute(
+        "INSERT INTO train.eval_case (suite_id, messages, check_kind, expected, max_tokens)"
+        ' VALUES (%s, \'[{"role": "user", "content": "Say hi."}]\', \'max_length\', \'200\', 4)',
+        (f"short-{r['name']}",),
+    )
+    conn.execute(
+        "INSERT INTO train.promotion_policy (route, suite_id, metric, direction)"
+        " VALUES (%s, %s, 'pass_rate', 'higher')",
+        (r["name"], f"short-{r['name']}"),
+    )
+    return {"tenant": t, "route": r, "snap": snap, "suite": f"short-{r['name']}"}
+
+
+def _scores(conn: Any, adapter_id: str) -> dict[tuple[str, str], float]:
+    rows = conn.execute(
+        "SELECT suite_id, metric, score, judge_model FROM train.eval_result WHERE adapter_id = %s",
+        (adapter_id,),
+    ).fetchall()
+    assert all(r["judge_model"] == JUDGE_MODEL for r in rows)
+    return {(r["suite_id"], r["metric"]): float(r["score"]) for r in rows}
+
+
+def _run(evaluator: Evaluator, db_url: str) -> int:
+    evaluator.cfg.db_url = db_url
+    return evaluator.run_once()
+
+
+def test_scores_flow_into_the_gate(
+    conn: Any,
+    db_url: str,
+    settings: Settings,
+    weights: dict[str, Path],
+    world: dict[str, Any],
+    evaluator: Evaluator,
+) -> None:
+    route, snap = world["route"], world["snap"]
+    prod = _register(conn, settings, route, weights["bad"], status="prod", traffic_pct=100)
+    good = _register(conn, settings, route, weights["good"], dataset_snapshot_id=snap["id"])
+    assert _run(evaluator, db_url) == 1
+
+    heldout = f"heldout:{snap['id']}"
+    cand = _scores(conn, good["id"])
+    cur = _scores(conn, prod["id"])
+    # Real numbers: the zero adapter is the base; the random one is much worse on the same split.
+    assert 0 < cand[(heldout, "loss")] < cur[(heldout, "loss")]
+    assert math.isclose(
+        cand[(heldout, "perplexity")], math.exp(cand[(heldout, "loss")]), rel_tol=1e-6
+    )
+    assert cand[(world["suite"], "pass_rate")] == 1.0
+    assert (world["suite"], "pass_rate") in cur
+    summary = conn.execute(
+        "SELECT eval_summary FROM serve.adapter WHERE id = %s", (good["id"],)
+    ).fetchone()["eval_summary"]
+    assert summary["mode"] == "in-process" and summary["against"] == prod["id"]
+    base_loss = summary["results"]["base"][heldout]["loss"]
+    assert math.isclose(base_loss, cand[(heldout, "loss")], rel_tol=1e-3)
+    assert conn.execute(
+        "SELECT serve.can_promote(%s, %s) AS ok", (good["id"], prod["id"])
+    ).fetchone()["ok"]
+
+    # A worse candidate on a newer snapshot: prod is scored on that split too, and it is refused.
+    snap2 = make_snapshot(
+        conn,
+        tenant_id=world["tenant"]["id"],
+        route=route["name"],
+        method="sft",
+        eval=_heldout(20, 2),
+    )
+    conn.execute(
+        "UPDATE serve.adapter SET status = 'prod', traffic_pct = 100 WHERE id = %s", (good["id"],)
+    )
+    bad = _register(conn, settings, route, weights["bad"], dataset_snapshot_id=snap2["id"])
+    assert _run(evaluator, db_url) == 1
+    assert (f"heldout:{snap2['id']}", "loss") in _scores(conn, good["id"])
+    reasons = conn.execute(
+        "SELECT * FROM serve.promotion_blockers(%s, %s)", (bad["id"], good["id"])
+    ).fetchall()
+    assert [r["suite_id"] for r in reasons] == [f"heldout:{snap2['id']}"]
+    assert "regression" in reasons[0]["reason"]
+    with pytest.raises(psycopg.errors.CheckViolation):
+        conn.execute(
+            "UPDATE serve.adapter SET status = 'prod', traffic_pct = 100 WHERE id = %s",
+            (bad["id"],),
+        )
+
+
+def test_requests_and_cli_once(
+    conn: Any, db_url: str, settings: Settings, weights: dict[str, Path], world: dict[str, Any]
+) -> None:
+    cand = _register(
+        conn, settings, world["route"], weights["good"], dataset_snapshot_id=world["snap"]["id"]
+    )
+    listener = psycopg.connect(db_url, autocommit=True)
+    listener.execute("LISTEN cft_eval")
+    conn.execute(
+        "INSERT INTO train.eval_request (tenant_id, adapter_id, requested_by) VALUES (%s, %s, 'test')",
+        (world["tenant"]["id"], cand["id"]),
+    )
+    assert [n.payload for n in listener.notifies(timeout=2, stop_after=1)] == [cand["id"]]
+    listener.close()
+    env = os.environ | {
+        "CFT_DATABASE_URL": db_url,
+        "CFT_HOME": str(ROOT / ".cft"),
+        "CFT_ARTEFACT_DIR": str(settings.artefact_path),
+        "CFT_ENGINE_URLS": "",
+    }
+    proc = subprocess.run(
+        [sys.executable, "-m", "app.cli", "worker", "eval", "--once"],
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert "in-process" in proc.stderr
+    req = conn.execute(
+        "SELECT status, error FROM train.eval_request WHERE adapter_id = %s", (cand["id"],)
+    ).fetchone()
+    assert req == {"status": "done", "error": None}
+    assert (f"heldout:{world['snap']['id']}", "loss") in _scores(conn, cand["id"])

@@ -1,0 +1,58 @@
+"""Command line of the evaluator: `cft worker eval` and `python -m workers.evaluator`.
+
+`app/cli.py` lists this module in WORKERS: it uses add_arguments() and run().
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import signal
+from typing import Any
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    """The worker's options."""
+    p.add_argument("--once", action="store_true", help="process what is pending, then exit")
+    p.add_argument("--lease", type=float, default=900.0, help="lease of a request in seconds")
+    p.add_argument("--poll", type=float, default=5.0, help="poll interval when LISTEN is quiet")
+    p.add_argument("--worker-id", default="", help="name in eval_request.worker_id")
+
+
+def run(args: argparse.Namespace) -> int:
+    """Run the evaluator until SIGTERM/SIGINT (or one pass with --once)."""
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s %(message)s")
+    from app.core.config import get_settings
+    from app.core.db import database_url
+    from workers.evaluator.worker import EvalConfig, Evaluator
+
+    settings = get_settings()
+    worker = Evaluator(
+        EvalConfig(
+            db_url=database_url(settings),
+            models_dir=settings.models_path,
+            settings=settings,
+            engine_urls=settings.engine_url_list,
+            worker_id=args.worker_id,
+            lease_s=args.lease,
+            poll_s=args.poll,
+        )
+    )
+    if args.once:
+        n = worker.run_once()
+        logging.getLogger(__name__).info("evaluated %d adapter(s)", n)
+        return 0
+
+    def _stop(*_: Any) -> None:
+        worker.stop.set()
+
+    signal.signal(signal.SIGTERM, _stop)
+    worker.run_forever()
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Entry point of `python -m workers.evaluator`."""
+    parser = argparse.ArgumentParser(prog="python -m workers.evaluator", description=__doc__)
+    add_arguments(parser)
+    return run(parser.parse_args(argv))

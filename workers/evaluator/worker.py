@@ -1,0 +1,432 @@
+"""The evaluator worker: claims eval requests (one is queued for every new candidate) and scores.
+
+For one adapter it computes, like for like:
+  * held-out metrics on the eval split of the adapter's own snapshot, with PEFT on the base: the
+    adapter, the bare base (adapter disabled, same pass) and the route's current prod (on the
+    CANDIDATE's split) -> eval_result suite_id 'heldout:<snapshot id>';
+  * the pass rate of each task suite of the route, through the engine API (CFT_ENGINE_URLS) or
+    in process when no engine is configured -> suite_id '<suite id>', metric 'pass_rate';
+  * optionally an LLM judge's mean score (0-10) for judge suites, recorded with its judge_model.
+The current prod gets rows only where it lacks them. The bare base is not a serve.adapter row
+(a pseudo-adapter could be canaried or promoted, and eval_result's FK would pin it in the
+registry); its numbers go into the candidate's eval_summary under "base".
+Workers wake on NOTIFY cft_eval and poll as a fallback.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import os
+import re
+import shutil
+import socket
+import tempfile
+import threading
+import uuid
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import httpx
+import psycopg
+from psycopg.rows import dict_row
+from psycopg.types.json import Jsonb
+
+from app import __version__
+from app.core.artefacts import fetch_verified
+from app.core.config import Settings, get_settings
+from app.datasets import service as datasets
+from workers import base_model
+from workers.evaluator import scoring
+
+log = logging.getLogger(__name__)
+
+CHANNEL = "cft_eval"
+JUDGE_MODEL = f"cft-evaluator/{__version__}"
+
+
+@dataclass
+class EvalConfig:
+    """How an evaluator behaves."""
+
+    db_url: str
+    models_dir: Path
+    settings: Settings = field(default_factory=get_settings)
+    engine_urls: list[str] = field(default_factory=list)
+    worker_id: str = ""
+    lease_s: float = 900.0
+    poll_s: float = 5.0
+
+    def __post_init__(self) -> None:
+        if not self.worker_id:
+            self.worker_id = f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:6]}"
+
+
+def _connect(url: str) -> psycopg.Connection[Any]:
+    return psycopg.connect(
+        url, autocommit=True, row_factory=dict_row, application_name="cft-evaluator"
+    )
+
+
+def _finite(x: float) -> float | None:
+    return x if math.isfinite(x) else None
+
+
+class Evaluator:
+    """Scores adapters; holds one copy of the base model between requests."""
+
+    def __init__(self, cfg: EvalConfig) -> None:
+        self.cfg = cfg
+        self.stop = threading.Event()
+        self._base: Any = None
+        self._base_name: str | None = None
+        self._tok: Any = None
+
+    # -- queue ---------------------------------------------------------------------------------
+    def run_once(self) -> int:
+        """Process every claimable request; returns how many were processed."""
+        n = 0
+        with _connect(self.cfg.db_url) as conn:
+            while not self.stop.is_set():
+                req = conn.execute(
+                    "SELECT * FROM train.claim_eval_request_v1(%s, %s::interval)",
+                    (self.cfg.worker_id, f"{self.cfg.lease_s} seconds"),
+                ).fetchone()
+                if req is None:
+                    break
+                self.process(conn, req)
+                n += 1
+        return n
+
+    def run_forever(self) -> None:
+        """Process requests until stopped, woken by NOTIFY cft_eval or the poll interval."""
+        with _connect(self.cfg.db_url) as listen:
+            listen.execute(f"LISTEN {CHANNEL}")
+            while not self.stop.is_set():
+                try:
+                    self.run_once()
+                except psycopg.Error as exc:
+                    log.error("evaluator pass failed: %s", exc)
+                for _ in listen.notifies(timeout=self.cfg.poll_s, stop_after=1):
+                    pass
+
+    def process(self, conn: psycopg.Connection[Any], req: dict[str, Any]) -> None:
+        """Evaluate one request's adapter and record the outcome on the request."""
+        try:
+            summary = self.evaluate(conn, str(req["adapter_id"]))
+        except Exception as exc:
+            log.exception("evaluation of %s failed", req["adapter_id"])
+            conn.execute(
+                "UPDATE train.eval_request SET status = CASE WHEN attempts >= 3 THEN 'failed'"
+                " ELSE 'queued' END, error = %s, lease_until = NULL,"
+                " finished_at = CASE WHEN attempts >= 3 THEN now() END"
+                " WHERE id = %s AND worker_id = %s",
+                (f"{type(exc).__name__}: {exc}"[:2000], req["id"], self.cfg.worker_id),
+            )
+            return
+        conn.execute(
+            "UPDATE train.eval_request SET status = 'done', finished_at = now(), error = NULL"
+            " WHERE id = %s AND worker_id = %s",
+            (req["id"], self.cfg.worker_id),
+        )
+        log.info("evaluated %s: %s", req["adapter_id"], summary.get("results"))
+
+    # -- evaluation ----------------------------------------------------------------------------
+    def _load_base(self, name: str) -> tuple[Any, Any]:
+        if self._base is None or self._base_name != name:
+            self._tok = base_model.load_tokenizer(name, self.cfg.models_dir)
+            self._base = base_model.load_model(name, self.cfg.models_dir).eval()
+            self._base_name = name
+        return self._base, self._tok
+
+    def evaluate(self, conn: psycopg.Connection[Any], adapter_id: str) -> dict[str, Any]:
+        """Score one adapter (and its route's prod where it lacks results); returns the summary."""
+        cand = conn.execute("SELECT * FROM serve.adapter WHERE id = %s", (adapter_id,)).fetchone()
+        if cand is None:
+            raise LookupError(f"adapter {adapter_id} does not exist")
+        if not cand["weights_uri"] or not cand["sha256"]:
+            raise ValueError(f"adapter {adapter_id} has no verified weights to evaluate")
+        prod = conn.execute(
+            "SELECT * FROM serve.adapter WHERE route = %s AND status = 'prod' AND id <> %s",
+            (cand["route"], adapter_id),
+        ).fetchone()
+        if prod is not None and (
+            not prod["weights_uri"]
+            or not prod["sha256"]
+            or prod["base_model"] != cand["base_model"]
+            or prod["base_revision"] != cand["base_revision"]
+        ):
+            log.warning("current prod %s cannot be evaluated like for like: skipped", prod["id"])
+            prod = None
+        base, tok = self._load_base(str(cand["base_model"]))
+        engines = self.cfg.engine_urls
+        mode = f"engine {engines[0]}" if engines else "in-process"
+        results: dict[str, dict[str, dict[str, Any]]] = {"candidate": {}, "current": {}, "base": {}}
+        with tempfile.TemporaryDirectory(prefix="cft-eval-") as tmp:
+            cand_dir = fetch_verified(
+                cand["weights_uri"], cand["sha256"], Path(tmp) / "candidate", self.cfg.settings
+            )
+            prod_dir = None
+            if prod is not None:
+                prod_dir = fetch_verified(
+                    prod["weights_uri"], prod["sha256"], Path(tmp) / "current", self.cfg.settings
+                )
+            with _peft(base, cand_dir, prod_dir) as model:
+                if cand["dataset_snapshot_id"] is not None:
+                    self._heldout(conn, model, tok, cand, prod, results)
+                else:
+                    log.info("%s has no dataset snapshot: no held-out metrics", adapter_id)
+                suites = conn.execute(
+                    "SELECT * FROM train.eval_suite WHERE tenant_id = %s"
+                    " AND (route IS NULL OR route = %s) ORDER BY id",
+                    (cand["tenant_id"], cand["route"]),
+                ).fetchall()
+                log.info("task suites of %s: %d, run %s", cand["route"], len(suites), mode)
+                for suite in suites:
+                    self._suite(conn, model, tok, suite, cand, prod, cand_dir, prod_dir, results)
+        summary = {
+            "evaluator": JUDGE_MODEL,
+            "mode": mode,
+            "against": prod["id"] if prod else None,
+            "results": results,
+        }
+        with conn.transaction():
+            _write(conn, adapter_id, results["candidate"], replace=True)
+            if prod is not None:
+                _write(conn, prod["id"], results["current"], replace=False)
+            conn.execute(
+                "UPDATE serve.adapter SET eval_summary = %s WHERE id = %s",
+                (Jsonb(_json_safe(summary)), adapter_id),
+            )
+        return summary
+
+    def _heldout(
+        self,
+        conn: psycopg.Connection[Any],
+        model: Any,
+        tok: Any,
+        cand: dict[str, Any],
+        prod: dict[str, Any] | None,
+        results: dict[str, dict[str, dict[str, Any]]],
+    ) -> None:
+        snap = str(cand["dataset_snapshot_id"])
+        suite = f"heldout:{snap}"
+        method = conn.execute(
+            "SELECT method FROM train.dataset_snapshot WHERE id = %s", (snap,)
+        ).fetchone()
+        method_name = str(method["method"]) if method else str(cand["method"] or "sft")
+        examples = datasets.export_snapshot(conn, snapshot_id=snap, split="eval")  # type: ignore[arg-type]
+        if not examples:
+            log.warning("snapshot %s has an empty eval split: held-out metrics are NaN", snap)
+        model.set_adapter("candidate")
+        results["candidate"][suite] = scoring.heldout_metrics(model, tok, method_name, examples)
+        with model.disable_adapter():
+            results["base"][suite] = scoring.heldout_metrics(model, tok, method_name, examples)
+        if prod is not None and not _has(conn, prod["id"], suite):
+            model.set_adapter("current")
+            results["current"][suite] = scoring.heldout_metrics(model, tok, method_name, examples)
+
+    def _suite(
+        self,
+        conn: psycopg.Connection[Any],
+        model: Any,
+        tok: Any,
+        suite: dict[str, Any],
+        cand: dict[str, Any],
+        prod: dict[str, Any] | None,
+        cand_dir: Path,
+        prod_dir: Path | None,
+        results: dict[str, dict[str, dict[str, Any]]],
+    ) -> None:
+        cases = conn.execute(
+            "SELECT * FROM train.eval_case WHERE suite_id = %s ORDER BY id", (suite["id"],)
+        ).fetchall()
+        judge = suite["kind"] == "judge"
+        settings = self.cfg.settings
+        if judge and not settings.eval_judge_url:
+            log.info("suite %s needs a judge and none is configured: skipped", suite["id"])
+            return
+        sid = str(suite["id"])
+        who: list[tuple[str, str | None, Path | None]] = [
+            ("candidate", str(cand["id"]), cand_dir),
+            ("base", None, None),
+        ]
+        if prod is not None and prod_dir is not None:
+            metric = "judge_score" if judge else "pass_rate"
+            if not _has(conn, prod["id"], sid, metric):
+                who.append(("current", str(prod["id"]), prod_dir))
+        for role, name, path in who:
+            with self._generator(model, tok, role, name, path) as generate:
+                if judge:
+                    results[role][sid] = _judge(settings, suite, cases, generate)
+                else:
+                    rate, outcomes = scoring.pass_rate(cases, generate)
+                    results[role][sid] = {
+                        "pass_rate": rate,
+                        "n": len(outcomes),
+                        "passed": sum(o["passed"] for o in outcomes),
+                    }
+
+    @contextmanager
+    def _generator(
+        self, model: Any, tok: Any, role: str, name: str | None, path: Path | None
+    ) -> Iterator[scoring.Generate]:
+        if not self.cfg.engine_urls:
+            if role == "base":
+                with model.disable_adapter():
+                    yield scoring.local_generate(model, tok)
+            else:
+                model.set_adapter(role)
+                yield scoring.local_generate(model, tok)
+            return
+        url = self.cfg.engine_urls[0].rstrip("/")
+        with httpx.Client(base_url=url, timeout=self.cfg.settings.engine_timeout) as client:
+            loaded_here = False
+            if name is None:
+                cards = client.get("/v1/models").raise_for_status().json()["data"]
+                model_name = next(str(c["id"]) for c in cards if not c.get("parent"))
+            else:
+                model_name = name
+                loaded_here = _engine_load(client, name, path, self.cfg.settings)
+            try:
+                yield _engine_generate(client, model_name)
+            finally:
+                # Candidates are not the reconciler's: unload what this evaluation loaded.
+                if loaded_here and role == "candidate":
+                    client.post("/v1/unload_lora_adapter", json={"lora_name": name})
+
+
+@contextmanager
+def _peft(base: Any, cand_dir: Path, prod_dir: Path | None) -> Iterator[Any]:
+    """The base wrapped with the candidate (and current prod) adapters; unwrapped after."""
+    from peft import PeftModel
+
+    model = PeftModel.from_pretrained(base, str(cand_dir), adapter_name="candidate")
+    try:
+        if prod_dir is not None:
+            model.load_adapter(str(prod_dir), adapter_name="current")
+        model.eval()
+        yield model
+    finally:
+        model.unload()
+
+
+def _engine_load(client: httpx.Client, name: str, path: Path | None, settings: Settings) -> bool:
+    """Load a verified adapter into the engine under its id; False if it was already there."""
+    cards = client.get("/v1/models").raise_for_status().json()["data"]
+    if any(c["id"] == name for c in cards):
+        return False
+    if path is None:
+        raise ValueError(f"no weights for {name}")
+    # The engine reads the path itself: a copy under the serving directory every engine reads.
+    target = settings.serving_path / "eval" / name
+    if not target.exists():
+        target.parent.mkdir(parents=True, exist_ok=True)
+        shutil.copytree(path, target)
+    resp = client.post("/v1/load_lora_adapter", json={"lora_name": name, "lora_path": str(target)})
+    if resp.status_code != 200 and "already been loaded" not in resp.text:
+        raise RuntimeError(f"engine refused adapter {name}: {resp.status_code} {resp.text[:300]}")
+    return True
+
+
+def _engine_generate(client: httpx.Client, model_name: str) -> scoring.Generate:
+    def generate(messages: list[dict[str, Any]], max_tokens: int) -> str:
+        resp = client.post(
+            "/v1/chat/completions",
+            json={
+                "model": model_name,
+                "messages": messages,
+                "max_tokens": max_tokens,
+                "temperature": 0,
+            },
+        )
+        resp.raise_for_status()
+        return str(resp.json()["choices"][0]["message"]["content"] or "")
+
+    return generate
+
+
+def _judge(
+    settings: Settings,
+    suite: dict[str, Any],
+    cases: list[dict[str, Any]],
+    generate: scoring.Generate,
+) -> dict[str, Any]:
+    """Mean judge score (0-10) of the answers; an unparsable verdict is NaN (fails closed)."""
+    rubric = suite["rubric"] or settings.eval_judge_rubric
+    headers = {}
+    if settings.eval_judge_key is not None:
+        headers["Authorization"] = f"Bearer {settings.eval_judge_key.get_secret_value()}"
+    scores: list[float] = []
+    url = str(settings.eval_judge_url).rstrip("/")
+    with httpx.Client(base_url=url, timeout=settings.engine_timeout, headers=headers) as client:
+        for case in cases:
+            answer = generate(case["messages"], int(case["max_tokens"]))
+            prompt = (
+                f"Rubric: {rubric}\nConversation: {case['messages']}\nAnswer: {answer}\n"
+                "Reply with a single integer score from 0 to 10."
+            )
+            resp = client.post(
+                "/v1/chat/completions",
+                json={
+                    "model": settings.eval_judge_model,
+                    "messages": [{"role": "user", "content": prompt}],
+                    "max_tokens": 8,
+                    "temperature": 0,
+                },
+            )
+            resp.raise_for_status()
+            m = re.search(r"\d+(\.\d+)?", str(resp.json()["choices"][0]["message"]["content"]))
+            scores.append(min(float(m.group()), 10.0) if m else math.nan)
+    mean = sum(scores) / len(scores) if scores else math.nan
+    return {"judge_score": mean, "n": len(scores), "_judge_model": settings.eval_judge_model}
+
+
+def _has(
+    conn: psycopg.Connection[Any], adapter_id: str, suite: str, metric: str | None = None
+) -> bool:
+    row = conn.execute(
+        "SELECT 1 FROM train.eval_result WHERE adapter_id = %s AND suite_id = %s"
+        " AND (%s::text IS NULL OR metric = %s) AND score <> 'NaN' LIMIT 1",
+        (adapter_id, suite, metric, metric),
+    ).fetchone()
+    return row is not None
+
+
+def _write(
+    conn: psycopg.Connection[Any],
+    adapter_id: str,
+    by_suite: dict[str, dict[str, Any]],
+    *,
+    replace: bool,
+) -> None:
+    """Upsert (or only add) one adapter's scores; NaN is written as NaN so the gate refuses it."""
+    for suite, metrics in by_suite.items():
+        judge_model = str(metrics.get("_judge_model") or JUDGE_MODEL)
+        for metric, score in metrics.items():
+            if metric.startswith("_") or metric in ("n", "passed"):
+                continue
+            conn.execute(
+                "INSERT INTO train.eval_result (adapter_id, suite_id, metric, score, judge_model)"
+                " VALUES (%s, %s, %s, %s, %s) ON CONFLICT (adapter_id, suite_id, metric) DO "
+                + (
+                    "UPDATE SET score = EXCLUDED.score, judge_model = EXCLUDED.judge_model,"
+                    " judged_at = now()"
+                    if replace
+                    else "NOTHING"
+                ),
+                (adapter_id, suite, metric, float(score), judge_model),
+            )
+
+
+def _json_safe(value: Any) -> Any:
+    if isinstance(value, float):
+        return _finite(value)
+    if isinstance(value, dict):
+        return {k: _json_safe(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_json_safe(v) for v in value]
+    return value
