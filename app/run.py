@@ -51,6 +51,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         help="keep serving after the demo (default: when run from a terminal)",
     )
     p.add_argument("--users", type=int, default=None, help="demo: users in the first phase")
+    p.add_argument("--quick", action="store_true", help="demo: the shortened loop CI runs")
 
 
 def _demo_keys(settings: Settings, url: str) -> tuple[Keys, dict[str, str], bool]:
@@ -149,7 +150,8 @@ def main(args: argparse.Namespace) -> int:
         say(f"[cft]                      ingest key {all_keys['ingest']}")
         demo = args.demo if args.demo is not None else fresh
         if demo:
-            cfg = LoopConfig(route=_next_route(url))
+            cfg = LoopConfig.quick() if args.quick else LoopConfig()
+            cfg.route = _next_route(url)
             cfg.experiment = f"{cfg.route}-house-style"
             if args.users:
                 cfg.users = args.users

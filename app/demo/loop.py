@@ -51,6 +51,15 @@ class LoopConfig:
     )  # fmt: skip
     alpha: float = 0.05
     seed: int = 1
+    suite_cases: int = 30
+
+    @classmethod
+    def quick(cls) -> LoopConfig:
+        """A shortened loop for CI: fewer users, steps and eval cases (same phases)."""
+        cfg = cls(users=32, canary_users_per_round=30, canary_rounds=5, suite_cases=10)
+        cfg.sft_hyperparameters["max_steps"] = 24
+        cfg.preference_hyperparameters["max_steps"] = 6
+        return cfg
 
 
 @dataclass
@@ -303,12 +312,15 @@ def run_loop(api: str, keys: Keys, cfg: LoopConfig | None = None, say: Say = pri
                 "expected": STYLE_REGEX,
                 "max_tokens": cfg.max_tokens,
             }
-            for q in held_qs
+            for q in held_qs[: cfg.suite_cases]
         ],
     }
     try:
         c.call("trainer", "POST", "/v1/eval-suites", json=suite)
-        say(f"  eval suite house-style: {len(held_qs)} held-out questions, check /{STYLE_REGEX}/")
+        say(
+            f"  eval suite house-style: {len(suite['cases'])} held-out questions,"
+            f" check /{STYLE_REGEX}/"
+        )
     except LoopError as exc:
         if "-> 409" not in str(exc):
             raise
