@@ -5,7 +5,7 @@ PY     := $(VENV)/bin/python
 PIP    := $(VENV)/bin/pip
 STAMP  := $(VENV)/.cft-installed
 
-.PHONY: run test lint fmt bench fuzz clean venv browser
+.PHONY: run test lint fmt bench fuzz load clean venv browser
 
 venv: $(STAMP)
 
@@ -41,6 +41,15 @@ test: $(STAMP) lint browser
 
 bench: $(STAMP)
 	$(PY) bench/ingest.py
+
+# Longer schemathesis run than CI's (~2,000 cases): 100 examples per operation and role.
+fuzz: $(STAMP)
+	CFT_FUZZ_EXAMPLES=100 CFT_FUZZ_MIN_CASES=10000 CFT_FUZZ_RANDOM=1 \
+		$(PY) -m pytest -q -p no:cacheprovider -s tests/integration/test_fuzz_api.py
+
+# Bounded load on loopback: POST /v1/logs + feedback for 30 s, error rate and p99 (issue 11).
+load: $(STAMP)
+	$(PY) bench/load.py --seconds 30
 
 clean:
 	rm -rf $(VENV) .mypy_cache .ruff_cache .pytest_cache

@@ -57,6 +57,9 @@ def make_pool(url: str, *, size: int, name: str = "cft-api") -> Pool:
         kwargs={"row_factory": dict_row, "application_name": name},
         open=True,
         timeout=10,
+        # A connection that died with the server (restart, failover) is replaced when taken,
+        # rather than failing the next request.
+        check=ConnectionPool.check_connection,
     )
 
 

@@ -60,10 +60,13 @@ class LogWriter:
 
     async def put(self, record: dict[str, Any]) -> None:
         """Queue a record; waits while the queue is full (back-pressure)."""
+        self._track(record)
+        await self._queue.put(record)
+
+    def _track(self, record: dict[str, Any]) -> None:
         rid = record.get("request_id")
         if rid:
             self._unwritten[str(rid)] = threading.Event()
-        await self._queue.put(record)
 
     def wait_written(self, request_id: str, timeout: float) -> bool:
         """Block (in a worker thread) until request_id's record is written; False on timeout.
@@ -78,6 +81,7 @@ class LogWriter:
 
         When the queue is full the record waits in a task instead: still never dropped.
         """
+        self._track(record)
         try:
             self._queue.put_nowait(record)
         except asyncio.QueueFull:

@@ -118,3 +118,19 @@ def test_fuzz_every_operation_with_every_role(fuzz_server: Any) -> None:
     for seconds, n, label in sorted(timings, reverse=True)[:8]:
         print(f"  {seconds:6.1f} s {n:4d} cases  {label}")
     assert count[0] >= MIN_CASES, f"only {count[0]} cases were generated"
+
+
+def test_nul_characters_are_a_client_error_not_a_500(fuzz_server: Any) -> None:
+    """Regression (found by the fuzzer): a NUL in a text field made psycopg raise DataError, a 500."""
+    base, keys = fuzz_server
+    headers = {"Authorization": f"Bearer {keys['admin']}"}
+    body = {
+        "route": "r\x00",
+        "method": "sft",
+        "snapshot_id": "00000000-0000-0000-0000-000000000000",
+    }
+    r = requests.post(f"{base}/v1/training-runs", json=body, headers=headers, timeout=30)
+    assert r.status_code == 422, r.text
+    assert r.json()["error"]["code"] == "invalid_value" and "NUL" in r.json()["error"]["message"]
+    r = requests.get(f"{base}/v1/adapters/a%00b", headers=headers, timeout=30)
+    assert r.status_code in (404, 422), r.text
