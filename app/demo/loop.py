@@ -264,14 +264,29 @@ def _train(
     return str(run["adapter_id"])
 
 
-def _wait_evals(c: Client, adapter_id: str, say: Say, timeout: float = 900) -> dict[str, float]:
+def _flatten(scores: Any) -> dict[str, float]:
+    out: dict[str, float] = {}
+    for suite, metrics in (scores or {}).items():
+        if isinstance(metrics, dict):
+            for metric, value in metrics.items():
+                if isinstance(value, int | float):
+                    out[f"{suite}/{metric}"] = float(value)
+    return out
+
+
+def _wait_evals(
+    c: Client, adapter_id: str, say: Say, timeout: float = 900
+) -> tuple[dict[str, float], dict[str, float]]:
+    """The adapter's eval scores and the base's, once the evaluator has finished."""
     deadline = time.time() + timeout
     while time.time() < deadline:
         a = c.call("reader", "GET", f"/v1/adapters/{adapter_id}")
-        results = a.get("eval_results") or []
         summary = a.get("eval_summary") or {}
-        if results and summary.get("status", "done") == "done":
-            return {f"{r['suite_id']}/{r['metric']}": float(r["score"]) for r in results}
+        if summary.get("evaluator") and a.get("eval_results"):
+            scores = {
+                f"{r['suite_id']}/{r['metric']}": float(r["score"]) for r in a["eval_results"]
+            }
+            return scores, _flatten((summary.get("results") or {}).get("base"))
         time.sleep(1.0)
     raise LoopError(
         f"no eval results for {adapter_id} after {timeout:.0f} s (is the evaluator running?)"
@@ -351,11 +366,15 @@ def run_loop(api: str, keys: Keys, cfg: LoopConfig | None = None, say: Say = pri
 
     end = _phase(report, "evaluate: held-out and house-style suites (evaluator worker)", say)
     for adapter_id in candidates:
-        report.evals[adapter_id] = _wait_evals(c, adapter_id, say)
+        report.evals[adapter_id], base_scores = _wait_evals(c, adapter_id, say)
+        if base_scores:
+            report.evals.setdefault("base", {}).update(base_scores)
         say(
             f"  {adapter_id}: "
             + ", ".join(f"{k}={v:.3f}" for k, v in sorted(report.evals[adapter_id].items()))
         )
+    if report.evals.get("base"):
+        say("  base: " + ", ".join(f"{k}={v:.3f}" for k, v in sorted(report.evals["base"].items())))
     best = max(candidates, key=lambda a: _pass_rate(report.evals[a]))
     end()
 

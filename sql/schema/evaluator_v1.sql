@@ -89,8 +89,9 @@ RETURNS SETOF train.eval_request LANGUAGE plpgsql AS $$
 BEGIN
   INSERT INTO train.eval_request (tenant_id, adapter_id, requested_by)
   SELECT a.tenant_id, a.id, 'evaluator: new candidate' FROM serve.adapter a
-   WHERE a.status = 'candidate' AND a.eval_summary IS NULL AND a.weights_uri IS NOT NULL
+   WHERE a.status = 'candidate' AND a.weights_uri IS NOT NULL
      AND NOT EXISTS (SELECT 1 FROM train.eval_request r WHERE r.adapter_id = a.id)
+     AND NOT EXISTS (SELECT 1 FROM train.eval_result e WHERE e.adapter_id = a.id)
   ON CONFLICT DO NOTHING;
   UPDATE train.eval_request SET status = 'failed', finished_at = now(),
          error = coalesce(error, 'lease expired ' || attempts || ' times')

@@ -198,7 +198,9 @@ class Evaluator:
             if prod is not None:
                 _write(conn, prod["id"], results["current"], replace=False)
             conn.execute(
-                "UPDATE serve.adapter SET eval_summary = %s WHERE id = %s",
+                # Merged: the trainer's metrics stay next to the evaluator's.
+                "UPDATE serve.adapter SET eval_summary = coalesce(eval_summary, '{}') || %s"
+                " WHERE id = %s",
                 (Jsonb(_json_safe(summary)), adapter_id),
             )
         return summary
