@@ -11,11 +11,13 @@ printed. Ctrl-C stops everything cleanly.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import os
 import signal
 import sys
 import time
+from pathlib import Path
 from types import FrameType
 
 from app.core import embedded
@@ -52,6 +54,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     )
     p.add_argument("--users", type=int, default=None, help="demo: users in the first phase")
     p.add_argument("--quick", action="store_true", help="demo: the shortened loop CI runs")
+    p.add_argument("--report-json", type=Path, help="demo: also write the report as JSON here")
 
 
 def _demo_keys(settings: Settings, url: str) -> tuple[Keys, dict[str, str], bool]:
@@ -166,6 +169,12 @@ def main(args: argparse.Namespace) -> int:
             else:
                 say(format_report(report))
                 say(f"[cft] demo finished in {time.time() - start:.0f} s")
+                if args.report_json:
+                    data = dataclasses.asdict(report) | {
+                        "feedback_to_live_s": report.feedback_to_live_s,
+                        "demo_seconds": time.time() - start,
+                    }
+                    args.report_json.write_text(json.dumps(data, indent=2, default=str))
         serve = args.serve if args.serve is not None else sys.stdin.isatty()
         if serve:
             say(f"[cft] serving at {api_url} (dashboard {api_url}/dashboard); Ctrl-C to stop")
