@@ -215,8 +215,19 @@ BEGIN
   v_counts := v_counts || jsonb_build_object('semantic_dedup',
                                              (v_counts->>'exact_dedup')::bigint - v_n);
 
-  SELECT count(*) FILTER (WHERE train.split_bucket_v1(example_hash) >= p_eval_pct),
-         count(*) FILTER (WHERE train.split_bucket_v1(example_hash) < p_eval_pct),
+  -- Split by hash bucket; a small snapshot whose buckets all miss the eval share still gets
+  -- one eval example (the lowest bucket, then hash), so held-out metrics always exist.
+  ALTER TABLE snapshot_example ADD COLUMN split text;
+  UPDATE snapshot_example
+     SET split = CASE WHEN train.split_bucket_v1(example_hash) < p_eval_pct THEN 'eval' ELSE 'train' END;
+  IF p_eval_pct > 0 AND NOT EXISTS (SELECT 1 FROM snapshot_example WHERE split = 'eval')
+     AND (SELECT count(*) FROM snapshot_example) >= 2 THEN
+    UPDATE snapshot_example SET split = 'eval'
+     WHERE example_hash = (SELECT example_hash FROM snapshot_example
+                            ORDER BY train.split_bucket_v1(example_hash), example_hash LIMIT 1);
+  END IF;
+  SELECT count(*) FILTER (WHERE split = 'train'),
+         count(*) FILTER (WHERE split = 'eval'),
          encode(sha256(coalesce(string_agg(example_hash, ''::bytea ORDER BY example_hash),
                                 ''::bytea)), 'hex')
     INTO v_train, v_eval, v_hash
@@ -228,7 +239,8 @@ BEGIN
     'dedup_threshold', p_dedup_threshold, 'neighbours', p_neighbours, 'eval_pct', p_eval_pct,
     'exact_dedup', 'train.prompt_hash_v1(prompt); keep max (rating, created_at, prompt_log_id)',
     'semantic_dedup', v_dedup,
-    'split', 'eval when train.split_bucket_v1(example_hash) < eval_pct',
+    'split', 'eval when train.split_bucket_v1(example_hash) < eval_pct; if none is and there'
+             || ' are >= 2 examples, the one with the lowest (bucket, example_hash)',
     'set_hash', 'sha256 over the concatenated sorted example hashes');
 
   INSERT INTO train.dataset_snapshot
@@ -239,9 +251,7 @@ BEGIN
   RETURNING * INTO v_snap;
 
   INSERT INTO train.dataset_example (snapshot_id, example_hash, split, log_ids, example)
-  SELECT v_id, example_hash,
-         CASE WHEN train.split_bucket_v1(example_hash) < p_eval_pct THEN 'eval' ELSE 'train' END,
-         log_ids, example
+  SELECT v_id, example_hash, split, log_ids, example
     FROM snapshot_example;
 
   DROP TABLE snapshot_example;
@@ -254,17 +264,29 @@ $fn$;
 CREATE OR REPLACE FUNCTION train.verify_snapshot_v1(p_snapshot_id uuid)
 RETURNS TABLE (set_hash_ok boolean, examples_ok boolean, split_ok boolean, n_examples bigint)
 LANGUAGE sql STABLE AS $$
+  WITH e AS (
+    SELECT x.*, train.split_bucket_v1(x.example_hash) AS bucket,
+           row_number() OVER (ORDER BY train.split_bucket_v1(x.example_hash), x.example_hash) AS rk,
+           count(*) OVER () AS n_all,
+           count(*) FILTER (WHERE train.split_bucket_v1(x.example_hash)
+                                  < (s.params->>'eval_pct')::int) OVER () AS n_bucket_eval,
+           (s.params->>'eval_pct')::int AS pct
+      FROM train.dataset_example x JOIN train.dataset_snapshot s ON s.id = x.snapshot_id
+     WHERE x.snapshot_id = p_snapshot_id
+  )
   SELECT s.set_hash = encode(sha256(coalesce(string_agg(e.example_hash, ''::bytea
                                                         ORDER BY e.example_hash), ''::bytea)), 'hex'),
          coalesce(bool_and(e.example_hash = train.example_hash_v1(e.example)), true),
-         coalesce(bool_and(e.split = CASE WHEN train.split_bucket_v1(e.example_hash)
-                                              < (s.params->>'eval_pct')::int
-                                          THEN 'eval' ELSE 'train' END), true)
-           AND count(*) FILTER (WHERE e.split = 'train') = s.n_train
-           AND count(*) FILTER (WHERE e.split = 'eval') = s.n_eval,
+         coalesce(bool_and(e.split = CASE
+                             WHEN e.bucket < e.pct THEN 'eval'
+                             WHEN e.n_bucket_eval = 0 AND e.pct > 0 AND e.n_all >= 2 AND e.rk = 1
+                               THEN 'eval'
+                             ELSE 'train' END), true)
+           AND count(e.example_hash) FILTER (WHERE e.split = 'train') = s.n_train
+           AND count(e.example_hash) FILTER (WHERE e.split = 'eval') = s.n_eval,
          count(e.example_hash)
     FROM train.dataset_snapshot s
-    LEFT JOIN train.dataset_example e ON e.snapshot_id = s.id
+    LEFT JOIN e ON true
    WHERE s.id = p_snapshot_id
    GROUP BY s.id, s.set_hash, s.params, s.n_train, s.n_eval
 $$;

@@ -520,3 +520,20 @@ def test_rest_snapshot_get_and_export(conn, db_url, world):
             f"{base}/v1/datasets/snapshots/{snap['id']}/export", headers=h, params={"split": "test"}
         )
         assert r.status_code == 422
+
+
+def test_small_snapshot_still_has_one_eval_example_and_verifies(conn, world):
+    tenant, route = world
+    for i in range(3):
+        log(conn, tenant, route, messages=_user(f"question {i}"), completion="a", fb_explicit=1)
+    # eval_pct 1: with three examples, no bucket is likely below it, yet one goes to eval.
+    snap = _snapshot(conn, tenant, route, "kto", dedup_threshold=0, eval_pct=1)
+    assert (snap["n_train"], snap["n_eval"]) == (2, 1)
+    assert datasets.verify_snapshot(conn, snapshot_id=snap["id"])["split_ok"] is True
+    again = _snapshot(conn, tenant, route, "kto", dedup_threshold=0, eval_pct=1)
+    ev = lambda s: {r["example_hash"] for r in conn.execute(  # noqa: E731
+        "SELECT example_hash FROM train.dataset_example WHERE snapshot_id=%s AND split='eval'",
+        (s["id"],)).fetchall()}  # fmt: skip
+    assert ev(snap) == ev(again)
+    none = _snapshot(conn, tenant, route, "kto", dedup_threshold=0, eval_pct=0)
+    assert none["n_eval"] == 0
