@@ -37,7 +37,7 @@ browser:
 	@command -v chromium >/dev/null 2>&1 || { apt-get update -q && apt-get install -y -q chromium; }
 
 test: $(STAMP) lint browser
-	$(PY) -m pytest -q -p no:cacheprovider
+	$(PY) -m pytest -q -p no:cacheprovider --durations=25
 
 bench: $(STAMP)
 	$(PY) bench/ingest.py

@@ -207,10 +207,11 @@ $$;
 CREATE OR REPLACE FUNCTION stats.wilson(successes bigint, n bigint, alpha float8 DEFAULT 0.05,
                                         OUT low float8, OUT high float8)
 LANGUAGE sql IMMUTABLE PARALLEL SAFE AS $$
-  WITH q AS (SELECT successes::float8 / n AS p, stats.norm_ppf(1 - alpha / 2) AS z
+  WITH q AS (SELECT successes::float8 / nullif(n, 0) AS p, nullif(n, 0)::float8 AS m, stats.norm_ppf(1 - alpha / 2) AS z
               WHERE n > 0)
-  SELECT (p + z * z / (2 * n) - z * sqrt(p * (1 - p) / n + z * z / (4.0 * n * n))) / (1 + z * z / n),
-         (p + z * z / (2 * n) + z * sqrt(p * (1 - p) / n + z * z / (4.0 * n * n))) / (1 + z * z / n)
+  -- m, not n: a constant n = 0 must not be folded into a division at plan time.
+  SELECT (p + z * z / (2 * m) - z * sqrt(p * (1 - p) / m + z * z / (4.0 * m * m))) / (1 + z * z / m),
+         (p + z * z / (2 * m) + z * sqrt(p * (1 - p) / m + z * z / (4.0 * m * m))) / (1 + z * z / m)
     FROM q
 $$;
 

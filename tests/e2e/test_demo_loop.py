@@ -15,7 +15,7 @@ from psycopg.rows import dict_row
 from app.core import embedded
 from tests.support.servers import free_port
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(900)]
 
 PHASES = [
     "setup: route and house-style eval suite",
