@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from datetime import datetime
 from typing import Any, Literal
+from uuid import UUID
 
 from pydantic import BaseModel, Field
 
@@ -53,6 +54,12 @@ class AdapterOut(BaseModel):
     tainted_at: datetime | None
     created_at: datetime
     updated_at: datetime
+    weights_uri: str | None = None
+    dataset_snapshot_id: UUID | None = None
+    training_run_id: UUID | None = None
+    eval_summary: dict[str, Any] | None = Field(
+        None, description="Training metrics and the evaluator's summary (base and prod scores)."
+    )
 
 
 class AdapterDetail(AdapterOut):

@@ -14,7 +14,8 @@ from app.core.errors import BadRequest, Conflict, Forbidden, NotFound
 
 ADAPTER_COLUMNS = (
     "id, tenant_id, route, base_model, base_revision, method, status, traffic_pct, sha256,"
-    " size_bytes, promoted_at, previous_prod_id, tainted_at, created_at, updated_at"
+    " size_bytes, promoted_at, previous_prod_id, tainted_at, created_at, updated_at,"
+    " weights_uri, dataset_snapshot_id, training_run_id, eval_summary"
 )
 
 

@@ -57,8 +57,8 @@ class LoopConfig:
     def quick(cls) -> LoopConfig:
         """A shortened loop for CI: fewer users, steps and eval cases (same phases)."""
         cfg = cls(users=32, canary_users_per_round=30, canary_rounds=5, suite_cases=10)
-        cfg.sft_hyperparameters["max_steps"] = 24
-        cfg.preference_hyperparameters["max_steps"] = 6
+        cfg.sft_hyperparameters |= {"max_steps": 12, "learning_rate": 2e-3}
+        cfg.preference_hyperparameters |= {"max_steps": 3, "batch_size": 2}
         return cfg
 
 
