@@ -62,4 +62,5 @@ class RouteState:
             upper += int(canary.traffic_pct * 100)
             if b < upper:
                 return Assignment(canary.adapter_id, experiment, chr(ord("B") + i))
-        return Assignment(self.prod, experiment, "A" if self.prod else None)
+        # The control arm is whatever everyone else gets: prod, or the bare base without one.
+        return Assignment(self.prod, experiment, "A")

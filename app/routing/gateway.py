@@ -275,7 +275,8 @@ async def proxy(request: Request, key: ApiKey, kind: str) -> Response:
         ROUTER_REQUESTS.labels(route_name, assignment.adapter_id or state.base_model, "error").inc()
         exc.headers["X-Request-Id"] = str(request_id)
         raise
-    variant = assignment.variant if why is None else ("A" if model == state.prod else None)
+    # A call that fell back did not get its arm's model: it belongs to no arm of the experiment.
+    variant = assignment.variant if why is None else None
     decision = variant or "base"
     ROUTING_DECISIONS.labels("fallback" if why else decision).inc()
     record |= {

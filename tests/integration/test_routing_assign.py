@@ -92,3 +92,17 @@ def test_route_table_converges_within_ttl_without_listener(db_url, conn):
     assert table.get(r["name"]).prod == a["id"]  # stale within the TTL
     time.sleep(0.35)
     assert table.get(r["name"]).prod is None
+
+
+def test_without_prod_the_base_is_the_control_arm(conn):
+    t = make_tenant(conn)
+    r = make_route(conn, tenant_id=t["id"])
+    canary = make_adapter(conn, route=r, status="canary", traffic_pct=20)
+    state = load_route(conn, r["name"])
+    got = [state.assign(f"u{i}") for i in range(2000)]
+    assert {(a.adapter_id, a.variant) for a in got} == {(None, "A"), (canary["id"], "B")}
+    rows = conn.execute(
+        "SELECT serve.assign_adapter(%s, 'u' || g) AS a FROM generate_series(0, 1999) g",
+        (r["name"],),
+    ).fetchall()
+    assert [x["a"] for x in rows] == [a.adapter_id for a in got]
