@@ -50,13 +50,15 @@ class LoopConfig:
         }
     )  # fmt: skip
     alpha: float = 0.05
+    min_arm_n: int = 15  # users per arm before a significant difference counts
     seed: int = 1
     suite_cases: int = 30
 
     @classmethod
     def quick(cls) -> LoopConfig:
         """A shortened loop for CI: fewer users, steps and eval cases (same phases)."""
-        cfg = cls(users=32, canary_users_per_round=30, canary_rounds=5, suite_cases=10)
+        cfg = cls(users=32, canary_users_per_round=30, canary_rounds=6, suite_cases=10)
+        cfg.min_arm_n = 8
         cfg.sft_hyperparameters |= {"max_steps": 12, "learning_rate": 2e-3}
         cfg.preference_hyperparameters |= {"max_steps": 3, "batch_size": 2}
         return cfg
@@ -269,7 +271,7 @@ def _flatten(scores: Any) -> dict[str, float]:
     for suite, metrics in (scores or {}).items():
         if isinstance(metrics, dict):
             for metric, value in metrics.items():
-                if isinstance(value, int | float):
+                if isinstance(value, int | float) and metric not in ("n", "passed"):
                     out[f"{suite}/{metric}"] = float(value)
     return out
 
@@ -425,9 +427,12 @@ def run_loop(api: str, keys: Keys, cfg: LoopConfig | None = None, say: Say = pri
                 f"  canary - prod = {cmp['diff']:+.2f}, p = {cmp['p_value']:.2g}"
                 f" ({'significant' if cmp['significant'] else 'not significant yet'})"
             )
-            if cmp["significant"] and cmp["canary_better"]:
+            enough = min(cmp["n_canary"] or 0, cmp["n_control"] or 0) >= cfg.min_arm_n
+            if cmp["significant"] and cmp["canary_better"] and enough:
                 winner = best
                 break
+            if not enough:
+                say(f"  waiting for at least {cfg.min_arm_n} users per arm")
     end()
     if winner is None:
         raise LoopError("the canary did not beat prod with significance; nothing promoted")
