@@ -34,6 +34,14 @@ class Service:
             return ""
 
 
+def _die_with_parent() -> None:
+    """In the child: get SIGTERM if the supervisor dies (Linux), so no service is orphaned."""
+    with contextlib.suppress(OSError, AttributeError):
+        import ctypes
+
+        ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
+
+
 class ServiceFailed(RuntimeError):
     """A supervised service exited or never became ready."""
 
@@ -60,6 +68,7 @@ class Supervisor:
             stdin=subprocess.DEVNULL,
             env=self.env | (extra_env or {}),
             start_new_session=True,
+            preexec_fn=_die_with_parent,
         )
         log.close()
         svc = Service(name, argv, log_path, proc)
