@@ -52,6 +52,11 @@ def start(pgdata: Path, *, tuning: dict[str, str] | None = None) -> str:
     pgdata = pgdata.resolve()
     pgdata.parent.mkdir(parents=True, exist_ok=True)
     server = get_server(pgdata, cleanup_mode=None)
+    if not status(pgdata).running:
+        # get_server caches its handle per data directory: after a stop in this process it
+        # returns the old handle without starting the server again.
+        with server._lock:
+            server.ensure_postgres_running()
     url: str = server.get_uri()
     if tuning:
         import psycopg

