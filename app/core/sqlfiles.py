@@ -22,3 +22,23 @@ def run_files(dbapi_conn: Any, relpaths: list[str], *, embedding_dim: int) -> No
             dbapi_conn.execute(sql)
         except Exception as exc:
             raise RuntimeError(f"sql/{relpath} failed: {exc}") from exc
+
+
+def apply(relpaths: list[str]) -> None:
+    """Inside an Alembic migration: run sql/ files on its connection."""
+    from alembic import op
+
+    from app.core.config import get_settings
+
+    if relpaths:
+        conn = op.get_bind().connection.driver_connection
+        run_files(conn, relpaths, embedding_dim=get_settings().embedding_dim)
+
+
+def execute(sql: str) -> None:
+    """Inside an Alembic migration: run one SQL batch (simple protocol) on its connection."""
+    from alembic import op
+
+    if sql:
+        conn: Any = op.get_bind().connection.driver_connection
+        conn.execute(sql)

@@ -4,10 +4,7 @@ Revision ID: 0002
 Revises: 0001
 """
 
-from alembic import op
-
-from app.core.config import get_settings
-from app.core.sqlfiles import run_files
+from app.core import sqlfiles
 
 revision = "0002"
 down_revision = "0001"
@@ -28,11 +25,8 @@ DROP INDEX IF EXISTS obs.inference_log_regenerated_by_idx;
 
 
 def upgrade() -> None:
-    if FILES:
-        conn = op.get_bind().connection.driver_connection
-        run_files(conn, FILES, embedding_dim=get_settings().embedding_dim)
+    sqlfiles.apply(FILES)
 
 
 def downgrade() -> None:
-    if DOWNGRADE_SQL:
-        op.get_bind().connection.driver_connection.execute(DOWNGRADE_SQL)
+    sqlfiles.execute(DOWNGRADE_SQL)

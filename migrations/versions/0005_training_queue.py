@@ -4,10 +4,7 @@ Revision ID: 0005
 Revises: 0004
 """
 
-from alembic import op
-
-from app.core.config import get_settings
-from app.core.sqlfiles import run_files
+from app.core import sqlfiles
 
 revision = "0005"
 down_revision = "0004"
@@ -30,11 +27,8 @@ DROP FUNCTION IF EXISTS train.cancel_training_run_v1(uuid);
 
 
 def upgrade() -> None:
-    if FILES:
-        conn = op.get_bind().connection.driver_connection
-        run_files(conn, FILES, embedding_dim=get_settings().embedding_dim)
+    sqlfiles.apply(FILES)
 
 
 def downgrade() -> None:
-    if DOWNGRADE_SQL:
-        op.get_bind().connection.driver_connection.execute(DOWNGRADE_SQL)
+    sqlfiles.execute(DOWNGRADE_SQL)

@@ -4,10 +4,7 @@ Revision ID: 0007
 Revises: 0006
 """
 
-from alembic import op
-
-from app.core.config import get_settings
-from app.core.sqlfiles import run_files
+from app.core import sqlfiles
 
 revision = "0007"
 down_revision = "0006"
@@ -21,11 +18,8 @@ DOWNGRADE_SQL = "DROP TABLE IF EXISTS serve.adapter_deployment;"
 
 
 def upgrade() -> None:
-    if FILES:
-        conn = op.get_bind().connection.driver_connection
-        run_files(conn, FILES, embedding_dim=get_settings().embedding_dim)
+    sqlfiles.apply(FILES)
 
 
 def downgrade() -> None:
-    if DOWNGRADE_SQL:
-        op.get_bind().connection.driver_connection.execute(DOWNGRADE_SQL)
+    sqlfiles.execute(DOWNGRADE_SQL)

@@ -4,10 +4,7 @@ Revision ID: 0008
 Revises: 0007
 """
 
-from alembic import op
-
-from app.core.config import get_settings
-from app.core.sqlfiles import run_files
+from app.core import sqlfiles
 
 revision = "0008"
 down_revision = "0007"
@@ -30,13 +27,9 @@ RESTORE_FILES = ["functions/can_promote_v1.sql"]
 
 
 def upgrade() -> None:
-    if FILES:
-        conn = op.get_bind().connection.driver_connection
-        run_files(conn, FILES, embedding_dim=get_settings().embedding_dim)
+    sqlfiles.apply(FILES)
 
 
 def downgrade() -> None:
-    if DOWNGRADE_SQL:
-        conn = op.get_bind().connection.driver_connection
-        conn.execute(DOWNGRADE_SQL)
-        run_files(conn, RESTORE_FILES, embedding_dim=get_settings().embedding_dim)
+    sqlfiles.execute(DOWNGRADE_SQL)
+    sqlfiles.apply(RESTORE_FILES)
