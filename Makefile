@@ -5,7 +5,7 @@ PY     := $(VENV)/bin/python
 PIP    := $(VENV)/bin/pip
 STAMP  := $(VENV)/.cft-installed
 
-.PHONY: run test lint fmt bench fuzz load clean venv browser
+.PHONY: run test lint fmt bench fuzz load soak clean venv browser
 
 venv: $(STAMP)
 
@@ -50,6 +50,11 @@ fuzz: $(STAMP)
 # Bounded load on loopback: POST /v1/logs + feedback for 30 s, error rate and p99 (issue 11).
 load: $(STAMP)
 	$(PY) bench/load.py --seconds 30
+
+# Soak: ingest + feedback + router calls (stub backend) at fixed rates for 10 minutes; p50/p99,
+# error rate, and every acknowledged request id reconciled against obs.inference_log (issue 11).
+soak: $(STAMP)
+	$(PY) bench/soak.py --seconds 600
 
 clean:
 	rm -rf $(VENV) .mypy_cache .ruff_cache .pytest_cache

@@ -104,6 +104,8 @@ def require(*roles: str) -> Callable[..., ApiKey]:
             )
         return key
 
+    # Read by the role sweep (tests/integration/test_security.py): every endpoint's roles.
+    dependency.roles = allowed  # type: ignore[attr-defined]
     return dependency
 
 

@@ -1,4 +1,4 @@
-"""Request body size limit, enforced before anything parses the body."""
+"""Request size limits (body and headers), enforced before anything parses the request."""
 
 from __future__ import annotations
 
@@ -7,16 +7,36 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from app.core.errors import error_body
 
+# uvicorn's default HTTP parser (httptools) accepts request headers of any size (a 20 MB header
+# reached the app in a test): bound them here. 32 KiB is far above what any client sends.
+MAX_HEADER_BYTES = 32 * 1024
+
 
 class BodyLimitMiddleware:
-    """Answer 413 (OpenAI error shape) when a body is over max_bytes, declared or streamed."""
+    """Answer 413 (OpenAI error shape) when a body is over max_bytes, declared or streamed,
+    and 431 when the request headers together are over max_header_bytes."""
 
-    def __init__(self, app: ASGIApp, max_bytes: int) -> None:
+    def __init__(
+        self, app: ASGIApp, max_bytes: int, max_header_bytes: int = MAX_HEADER_BYTES
+    ) -> None:
         self.app = app
         self.max_bytes = max_bytes
+        self.max_header_bytes = max_header_bytes
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] != "http" or scope["method"] in ("GET", "HEAD", "OPTIONS", "DELETE"):
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        header_bytes = sum(len(name) + len(value) + 4 for name, value in scope["headers"])
+        if header_bytes > self.max_header_bytes:
+            await self._reject(
+                send,
+                431,
+                f"request headers are larger than {self.max_header_bytes} bytes",
+                code="headers_too_large",
+            )
+            return
+        if scope["method"] in ("GET", "HEAD", "OPTIONS", "DELETE"):
             await self.app(scope, receive, send)
             return
         for name, value in scope["headers"]:
