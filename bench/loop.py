@@ -51,6 +51,8 @@ def main() -> int:
     proc = subprocess.run(cmd, env=env, cwd=ROOT, stdin=subprocess.DEVNULL, text=True,
                           capture_output=True)  # fmt: skip
     wall = time.time() - start
+    (home / "run.log").write_text(proc.stdout + proc.stderr)
+    print(f"full output of cft run: {home / 'run.log'}")
     if proc.returncode != 0 or not report_path.exists():
         print(proc.stdout[-4000:], proc.stderr[-2000:])
         print(f"loop failed (rc={proc.returncode}) after {wall:.0f} s")
@@ -66,6 +68,9 @@ def main() -> int:
     print(f"cft run --demo{' --quick' if args.quick else ''}: wall {wall:.0f} s,"
           f" loop {report['demo_seconds']:.0f} s")  # fmt: skip
     print(f"feedback-to-live: {report['feedback_to_live_s']:.0f} s (target < 600 s)")
+    for name, seconds in report.get("phases", {}).items():
+        print(f"  {seconds:6.1f} s  {name}")
+    print(f"load average at the end (1, 5, 15 min): {os.getloadavg()}")
     print(f"held-out positive-feedback rate, base: {base_rate:.0%}" if base_rate is not None
           else "held-out base rate: not reported")  # fmt: skip
     for method, run in report["runs"].items():

@@ -38,14 +38,14 @@ class LoopConfig:
     concurrency: int = 8
     sft_hyperparameters: dict[str, Any] = field(
         default_factory=lambda: {
-            "learning_rate": 1e-3, "max_steps": 30, "batch_size": 8, "grad_accum": 1,
+            "learning_rate": 2e-3, "max_steps": 14, "batch_size": 8, "grad_accum": 1,
             "max_length": 128, "warmup": 0.0, "lr_scheduler": "constant",
         }
     )  # fmt: skip
     preference_method: str | None = "dpo"
     preference_hyperparameters: dict[str, Any] = field(
         default_factory=lambda: {
-            "learning_rate": 5e-4, "max_steps": 15, "batch_size": 4, "grad_accum": 1,
+            "learning_rate": 1e-3, "max_steps": 8, "batch_size": 4, "grad_accum": 1,
             "max_length": 128, "warmup": 0.0, "lr_scheduler": "constant", "beta": 0.1,
         }
     )  # fmt: skip
@@ -59,7 +59,7 @@ class LoopConfig:
         """A shortened loop for CI: fewer users, steps and eval cases (same phases)."""
         cfg = cls(users=32, canary_users_per_round=30, canary_rounds=6, suite_cases=10)
         cfg.min_arm_n = 8
-        cfg.sft_hyperparameters |= {"max_steps": 12, "learning_rate": 2e-3}
+        cfg.sft_hyperparameters |= {"max_steps": 12}
         cfg.preference_hyperparameters |= {"max_steps": 3, "batch_size": 2}
         return cfg
 
@@ -185,13 +185,18 @@ class Traffic:
             user, q = users[i]
             return self.one_user(user, q, random.Random(seed * 100_003 + i))
 
-        with ThreadPoolExecutor(self.cfg.concurrency) as pool:
+        pool = ThreadPoolExecutor(self.cfg.concurrency)
+        try:
             for outcome in pool.map(work, range(len(users))):
                 results.append(outcome)
                 done += 1
                 if done % 10 == 0 or done == len(users):
                     liked = sum(1 for _, ok in results if ok)
                     self.say(f"  {done}/{len(users)} users served, {liked} liked their answer")
+        finally:
+            # On Ctrl-C, users not yet started are dropped at once; calls in flight finish on
+            # their own (their threads are not waited for, so shutdown is not held up).
+            pool.shutdown(wait=False, cancel_futures=True)
         return results
 
 
