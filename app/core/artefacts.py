@@ -4,7 +4,9 @@ An artefact is a directory (adapter_model.safetensors, adapter_config.json, mani
 Its registry sha256 is the sha256 of adapter_model.safetensors (the weights the engine loads);
 the manifest holds the sha256 of every file, and size_bytes is the sum of all file sizes.
 Layout: local `<root>/<route>/<version>/`, S3 `s3://<bucket>/<route>/<version>/`.
-A version that exists is never overwritten: put_dir raises ArtefactExists.
+A version that exists is never overwritten: put_dir raises ArtefactExists. `versions()` lists
+what a store holds and `delete()` removes one version: the maintenance worker uses them to
+remove versions no adapter row references (workers/maintenance/tasks.py).
 """
 
 from __future__ import annotations
@@ -15,7 +17,9 @@ import os
 import re
 import shutil
 import tempfile
+from collections.abc import Iterator
 from dataclasses import dataclass
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any, Protocol
 
@@ -44,6 +48,20 @@ class StoredArtefact:
     uri: str
     sha256: str
     size_bytes: int
+
+
+@dataclass(frozen=True)
+class StoredVersion:
+    """One version a store holds: its URI (as put_dir returned it) and when it was last written.
+
+    `partial` marks a local upload's temporary directory that was never renamed into place.
+    """
+
+    route: str
+    version: str
+    uri: str
+    modified_at: datetime
+    partial: bool = False
 
 
 def sha256_file(path: Path) -> str:
@@ -108,6 +126,14 @@ class ArtefactStore(Protocol):
         """True when route/version is already stored."""
         ...
 
+    def versions(self) -> Iterator[StoredVersion]:
+        """Every version the store holds (complete or not)."""
+        ...
+
+    def delete(self, version: StoredVersion) -> None:
+        """Remove one version (every file of it)."""
+        ...
+
 
 class LocalStore:
     """Artefacts under a local directory: <root>/<route>/<version>/."""
@@ -155,6 +181,38 @@ class LocalStore:
             if tmp.exists():
                 shutil.rmtree(tmp, ignore_errors=True)
         return StoredArtefact(uri=target.as_uri(), sha256=sha, size_bytes=size)
+
+    def versions(self) -> Iterator[StoredVersion]:
+        """Directories <root>/<route>/<version>, and leftover `.<version>-*` temporaries."""
+        if not self.root.is_dir():
+            return
+        for route_dir in sorted(p for p in self.root.iterdir() if p.is_dir()):
+            for vdir in sorted(p for p in route_dir.iterdir() if p.is_dir()):
+                stamps = [vdir.stat().st_mtime] + [f.stat().st_mtime for f in vdir.iterdir()]
+                yield StoredVersion(
+                    route=route_dir.name,
+                    version=vdir.name,
+                    uri=vdir.as_uri(),
+                    modified_at=datetime.fromtimestamp(max(stamps), UTC),
+                    partial=vdir.name.startswith("."),
+                )
+
+    def delete(self, version: StoredVersion) -> None:
+        """Remove the version's directory (its files are read-only; the directory is not)."""
+        path = self.root / version.route / version.version
+        names = {version.route, version.version}
+        if (
+            "/" in version.route + version.version
+            or names & {"", ".", ".."}
+            or (version.uri != path.as_uri())
+        ):
+            raise ArtefactError(f"{version.uri} is not a version of the store at {self.root}")
+        try:
+            shutil.rmtree(path)
+        except FileNotFoundError:
+            pass
+        except OSError as exc:
+            raise _os_error("delete", str(path), exc) from exc
 
     def fetch(self, uri: str, dest: Path) -> Path:
         """Copy a file:// artefact into dest."""
@@ -240,6 +298,49 @@ class S3Store:
         except (BotoCoreError, OSError) as exc:
             raise ArtefactError(f"cannot upload to s3://{self.bucket}/{prefix}: {exc}") from exc
         return StoredArtefact(uri=f"s3://{self.bucket}/{prefix}", sha256=sha, size_bytes=size)
+
+    def _objects(self, prefix: str = "") -> Iterator[dict[str, Any]]:
+        token: dict[str, str] = {}
+        while True:
+            resp = self.client.list_objects_v2(Bucket=self.bucket, Prefix=prefix, **token)
+            yield from resp.get("Contents", [])
+            if not resp.get("IsTruncated"):
+                return
+            token = {"ContinuationToken": resp["NextContinuationToken"]}
+
+    def versions(self) -> Iterator[StoredVersion]:
+        """Every <route>/<version>/ prefix holding objects, with its newest object's time."""
+        from botocore.exceptions import BotoCoreError, ClientError
+
+        newest: dict[tuple[str, str], datetime] = {}
+        try:
+            for obj in self._objects():
+                parts = obj["Key"].split("/")
+                if len(parts) < 3:
+                    continue  # not <route>/<version>/<file>
+                key = (parts[0], parts[1])
+                stamp = obj["LastModified"]
+                newest[key] = max(stamp, newest.get(key, stamp))
+        except (ClientError, BotoCoreError) as exc:
+            raise ArtefactError(f"cannot list s3://{self.bucket}/: {exc}") from exc
+        for (route, version), stamp in sorted(newest.items()):
+            yield StoredVersion(route, version, f"s3://{self.bucket}/{route}/{version}/", stamp)
+
+    def delete(self, version: StoredVersion) -> None:
+        """Delete every object under the version's prefix."""
+        from botocore.exceptions import BotoCoreError, ClientError
+
+        prefix = f"{version.route}/{version.version}/"
+        if version.uri != f"s3://{self.bucket}/{prefix}":
+            raise ArtefactError(f"{version.uri} is not a version of s3://{self.bucket}/")
+        try:
+            keys = [{"Key": o["Key"]} for o in self._objects(prefix)]
+            for i in range(0, len(keys), 1000):
+                self.client.delete_objects(
+                    Bucket=self.bucket, Delete={"Objects": keys[i : i + 1000], "Quiet": True}
+                )
+        except (ClientError, BotoCoreError) as exc:
+            raise ArtefactError(f"cannot delete {version.uri}: {exc}") from exc
 
     def fetch(self, uri: str, dest: Path) -> Path:
         """Download every object under an s3:// prefix into dest."""

@@ -11,14 +11,34 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 from workers.trainer.hyperparams import Hyperparameters, Method
 
 
+class FreshSnapshot(BaseModel):
+    """Freeze a new snapshot of the run's route and method when the run is queued."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    since: datetime | None = Field(None, description="Window start; default until - 60 days.")
+    until: datetime | None = Field(None, description="Window end (exclusive); default now.")
+    dedup_threshold: float = Field(
+        0.1, ge=0, le=2, description="Cosine distance under which prompts are duplicates; 0 = off."
+    )
+    eval_pct: int = Field(10, ge=0, le=100, description="Share of examples in the eval split.")
+    neighbours: int = Field(10, ge=1, le=1000, description="HNSW neighbours probed per example.")
+    refresh: bool = Field(True, description="Refresh the candidate views first.")
+
+
 class TrainingRunCreate(BaseModel):
-    """A retrain request."""
+    """A retrain request: on an existing snapshot (`snapshot_id`) or a fresh one (`snapshot`)."""
 
     model_config = ConfigDict(extra="forbid")
 
     route: str = Field(..., min_length=1, max_length=128)
     method: Method
-    snapshot_id: UUID
+    snapshot_id: UUID | None = Field(None, description="An existing snapshot of the route.")
+    snapshot: FreshSnapshot | None = Field(
+        None,
+        description="Freeze a new snapshot of the route for this method in the same transaction"
+        " (`{}` for the defaults); give this or snapshot_id, not both.",
+    )
     base_model: str | None = Field(None, description="Default: CFT_BASE_MODEL.")
     hyperparameters: Hyperparameters = Field(default_factory=Hyperparameters)  # type: ignore[arg-type]
     priority: int = Field(0, ge=-1000, le=1000)
@@ -26,6 +46,11 @@ class TrainingRunCreate(BaseModel):
 
     @model_validator(mode="after")
     def _method_settings(self) -> TrainingRunCreate:
+        if (self.snapshot_id is None) == (self.snapshot is None):
+            raise ValueError(
+                "give exactly one of snapshot_id (an existing snapshot) and snapshot"
+                ' (freeze a fresh one, e.g. "snapshot": {})'
+            )
         self.hyperparameters.check_method(self.method)
         return self
 
@@ -45,7 +70,11 @@ class TrainingRunOut(BaseModel):
     cancel_requested: bool
     worker_id: str | None
     progress: dict[str, Any]
-    hyperparameters: dict[str, Any]
+    hyperparameters: dict[str, Any] = Field(
+        description="As requested, defaults filled in. Settings left unset (packing, Liger,"
+        " offloading, batch shape) are resolved per device by the worker; the adapter's"
+        " manifest metrics record what it trained with."
+    )
     error: str | None
     adapter_id: str | None
     created_by: str | None

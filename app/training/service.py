@@ -6,46 +6,46 @@ from typing import Any
 from uuid import UUID
 
 from psycopg.types.json import Jsonb
+from pydantic import ValidationError
 
 from app.core.db import Connection
 from app.core.errors import BadRequest, Conflict, NotFound
+from app.datasets import service as datasets
 from app.training.schemas import TrainingRunCreate, TrainingRunOut
+from workers.trainer.hyperparams import Hyperparameters
 
 # Examples of these snapshot methods have the same shape, so a snapshot serves either.
 _COMPATIBLE = {"sft": {"sft"}, "kto": {"kto"}, "dpo": {"dpo", "orpo", "simpo"}}
 _COMPATIBLE |= {"orpo": _COMPATIBLE["dpo"], "simpo": _COMPATIBLE["dpo"]}
 
 
+def _hyperparameters_view(params: dict[str, Any] | None) -> dict[str, Any]:
+    # params holds only what the caller set (so the worker can tell unset from default).
+    try:
+        return Hyperparameters(**(params or {})).model_dump()
+    except ValidationError:
+        return dict(params or {})
+
+
 def _out(row: dict[str, Any]) -> TrainingRunOut:
-    return TrainingRunOut(**(row | {"hyperparameters": row["params"]}))
+    return TrainingRunOut(**(row | {"hyperparameters": _hyperparameters_view(row["params"])}))
 
 
 def enqueue(
     conn: Connection, *, tenant_id: int, body: TrainingRunCreate, base_model: str, actor: str
 ) -> TrainingRunOut:
-    """Queue a training run after checking its route and snapshot belong to the tenant."""
+    """Queue a training run on the tenant's snapshot, or on one frozen now (body.snapshot)."""
     route = conn.execute(
         "SELECT name FROM serve.route WHERE name = %s AND tenant_id = %s", (body.route, tenant_id)
     ).fetchone()
     if route is None:
         raise NotFound(f"route {body.route!r} does not exist", code="route_not_found")
-    snap = conn.execute(
-        "SELECT id, route, method, n_train, tainted_at FROM train.dataset_snapshot"
-        " WHERE id = %s AND tenant_id = %s",
-        (body.snapshot_id, tenant_id),
-    ).fetchone()
-    if snap is None:
-        raise NotFound(
-            f"dataset snapshot {body.snapshot_id} does not exist", code="snapshot_not_found"
-        )
-    if snap["tainted_at"] is not None:
-        raise Conflict(f"dataset snapshot {body.snapshot_id} is tainted", code="snapshot_tainted")
-    if body.method not in _COMPATIBLE.get(snap["method"], set()):
-        raise BadRequest(
-            f"snapshot {body.snapshot_id} holds {snap['method']} examples; method {body.method}"
-            f" needs one of {', '.join(sorted(_COMPATIBLE[body.method]))}",
-            code="snapshot_method_mismatch",
-        )
+    if body.snapshot is not None:
+        snapshot_id = _fresh_snapshot(conn, tenant_id=tenant_id, body=body, actor=actor)
+    else:
+        assert body.snapshot_id is not None  # the schema requires one of the two
+        snapshot_id = body.snapshot_id
+        _check_snapshot(conn, tenant_id=tenant_id, snapshot_id=snapshot_id, method=body.method)
     row = conn.execute(
         "INSERT INTO train.training_run (tenant_id, route, method, base_model, params,"
         " snapshot_id, priority, max_attempts, created_by)"
@@ -55,8 +55,8 @@ def enqueue(
             body.route,
             body.method,
             body.base_model or base_model,
-            Jsonb(body.hyperparameters.model_dump()),
-            body.snapshot_id,
+            Jsonb(body.hyperparameters.model_dump(exclude_unset=True)),
+            snapshot_id,
             body.priority,
             body.max_attempts,
             actor,
@@ -64,6 +64,53 @@ def enqueue(
     ).fetchone()
     assert row is not None
     return _out(row)
+
+
+def _check_snapshot(conn: Connection, *, tenant_id: int, snapshot_id: UUID, method: str) -> None:
+    snap = conn.execute(
+        "SELECT id, route, method, n_train, tainted_at FROM train.dataset_snapshot"
+        " WHERE id = %s AND tenant_id = %s",
+        (snapshot_id, tenant_id),
+    ).fetchone()
+    if snap is None:
+        raise NotFound(f"dataset snapshot {snapshot_id} does not exist", code="snapshot_not_found")
+    if snap["tainted_at"] is not None:
+        raise Conflict(f"dataset snapshot {snapshot_id} is tainted", code="snapshot_tainted")
+    if method not in _COMPATIBLE.get(snap["method"], set()):
+        raise BadRequest(
+            f"snapshot {snapshot_id} holds {snap['method']} examples; method {method}"
+            f" needs one of {', '.join(sorted(_COMPATIBLE[method]))}",
+            code="snapshot_method_mismatch",
+        )
+
+
+def _fresh_snapshot(
+    conn: Connection, *, tenant_id: int, body: TrainingRunCreate, actor: str
+) -> UUID:
+    """Freeze the route's candidates for the run's method (in the request's transaction)."""
+    assert body.snapshot is not None
+    spec = body.snapshot
+    snap = datasets.create_snapshot(
+        conn,
+        tenant_id=tenant_id,
+        route=body.route,
+        method=body.method,
+        since=spec.since,
+        until=spec.until,
+        dedup_threshold=spec.dedup_threshold,
+        eval_pct=spec.eval_pct,
+        neighbours=spec.neighbours,
+        created_by=actor,
+        refresh=spec.refresh,
+    )
+    if not snap["n_train"]:
+        # Raising rolls the request's transaction back: the empty snapshot is not kept.
+        raise Conflict(
+            f"a fresh {body.method} snapshot of route {body.route!r} has no training examples"
+            " in its window: nothing to train on",
+            code="snapshot_empty",
+        )
+    return UUID(str(snap["id"]))
 
 
 def get(conn: Connection, *, run_id: UUID) -> TrainingRunOut | None:

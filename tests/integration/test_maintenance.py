@@ -1,11 +1,19 @@
-"""The maintenance pass over real partitions."""
+"""The maintenance passes: real partitions, orphan artefacts in a local and an S3 store (moto)."""
 
 from __future__ import annotations
 
+import uuid
+from collections.abc import Iterator
 from datetime import UTC, datetime, timedelta
+from pathlib import Path
 
-from tests.support.factories import make_log, make_tenant
-from workers.maintenance.tasks import run_once
+import boto3
+import pytest
+
+from app.core.artefacts import LocalStore, S3Store
+from tests.support.factories import make_adapter, make_log, make_route, make_tenant
+from tests.support.servers import free_port
+from workers.maintenance.tasks import run_once, sweep_orphan_artefacts
 
 
 def test_maintenance_pass_creates_rescues_and_drops(conn):
@@ -26,3 +34,66 @@ def test_maintenance_pass_creates_rescues_and_drops(conn):
     # A second pass has nothing to do.
     again = run_once(conn, weeks_ahead=6, retention_days=90)
     assert (again.created, again.rescued, again.dropped) == ([], [], [])
+
+
+@pytest.fixture(scope="module")
+def s3_url() -> Iterator[str]:
+    from moto.server import ThreadedMotoServer
+
+    server = ThreadedMotoServer(ip_address="127.0.0.1", port=(port := free_port()))
+    server.start()
+    yield f"http://127.0.0.1:{port}"
+    server.stop()
+
+
+def _version_dir(path: Path) -> Path:
+    path.mkdir(parents=True)
+    (path / "adapter_model.safetensors").write_bytes(b"w" * 64)
+    (path / "adapter_config.json").write_text('{"r": 8}')
+    (path / "manifest.json").write_text("{}")
+    return path
+
+
+@pytest.mark.parametrize("backend", ["local", "s3"])
+def test_orphan_artefacts_are_deleted_after_the_grace_period(conn, tmp_path, s3_url, backend):
+    if backend == "local":
+        store: LocalStore | S3Store = LocalStore(tmp_path / "store")
+    else:
+        client = boto3.client(
+            "s3",
+            endpoint_url=s3_url,
+            aws_access_key_id="k",
+            aws_secret_access_key="s",
+            region_name="us-east-1",
+        )
+        client.create_bucket(Bucket=(bucket := f"orphans-{uuid.uuid4().hex[:8]}"))
+        store = S3Store(bucket, client)
+    t = make_tenant(conn)
+    route = make_route(conn, tenant_id=t["id"])
+    src = _version_dir(tmp_path / "src")
+    name = route["name"]
+    registered = store.put_dir(src, name, f"{name}-registered")
+    make_adapter(conn, route=route, id=f"{name}-registered", weights_uri=registered.uri)
+    # A row without a URI yet still protects the version named after it.
+    store.put_dir(src, name, f"{name}-named")
+    make_adapter(conn, route=route, id=f"{name}-named")
+    # Uploaded, then the worker died before the adapter row committed.
+    orphan = store.put_dir(src, name, f"{name}-orphan")
+    expected = {orphan.uri}
+    if backend == "local":
+        # A copy killed before its rename leaves a hidden temporary directory.
+        partial = _version_dir(tmp_path / "store" / name / f".{name}-orphan2-x1y2")
+        expected.add(partial.as_uri())
+    assert {v.version for v in store.versions()} >= {f"{name}-registered", f"{name}-orphan"}
+
+    # Inside the grace period nothing goes: the row may still be on its way.
+    assert sweep_orphan_artefacts(conn, store, grace_hours=24) == []
+    later = datetime.now(UTC) + timedelta(hours=25)
+    assert set(sweep_orphan_artefacts(conn, store, grace_hours=24, now=later)) == expected
+    left = {v.version for v in store.versions()}
+    assert left == {f"{name}-registered", f"{name}-named"}
+    assert not store.exists(name, f"{name}-orphan")
+    fetched = store.fetch(registered.uri, tmp_path / "fetched")
+    assert (fetched / "adapter_model.safetensors").read_bytes() == b"w" * 64
+    # Idempotent: a second pass finds nothing.
+    assert sweep_orphan_artefacts(conn, store, grace_hours=24, now=later) == []

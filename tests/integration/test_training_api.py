@@ -9,7 +9,7 @@ import pytest
 
 from app.core.auth import create_key
 from app.main import create_app
-from tests.support.factories import make_route, make_tenant
+from tests.support.factories import make_log, make_route, make_tenant
 from tests.support.servers import serve_app
 from tests.support.training import make_snapshot, setup_route
 
@@ -107,3 +107,89 @@ def test_snapshot_of_another_route_tenant_is_not_found(api, conn) -> None:  # ty
     body = {"route": r1["name"], "method": "sft", "snapshot_id": str(snap2["id"])}
     r = httpx.post(f"{api}/v1/training-runs", json=body, headers=_h(key))
     assert r.status_code == 404 and r.json()["error"]["code"] == "snapshot_not_found"
+
+
+def _edited_log(conn, tenant_id: int, route: str, i: int) -> None:  # type: ignore[no-untyped-def]
+    make_log(
+        conn,
+        tenant_id=tenant_id,
+        route=route,
+        messages=[{"role": "user", "content": f"how do I reset port {i}?"}],
+        completion="draft",
+        fb_edited=True,
+        edited_completion=f"Open the switch page and reset port {i}.",
+    )
+
+
+@pytest.mark.parametrize("method", ["sft", "dpo"])
+def test_fresh_snapshot_is_frozen_and_queued_in_one_request(api, conn, method) -> None:  # type: ignore[no-untyped-def]
+    tenant = make_tenant(conn)
+    route = make_route(conn, tenant_id=tenant["id"])
+    for i in range(3):
+        _edited_log(conn, tenant["id"], route["name"], i)
+    key = create_key(conn, tenant_id=tenant["id"], role="trainer")
+    body = {
+        "route": route["name"],
+        "method": method,
+        "snapshot": {"dedup_threshold": 0, "eval_pct": 0},
+        "hyperparameters": {"max_steps": 5},
+    }
+    r = httpx.post(f"{api}/v1/training-runs", json=body, headers=_h(key))
+    assert r.status_code == 201, r.text
+    run = r.json()
+    assert run["status"] == "queued" and run["snapshot_id"]
+    # The response fills defaults in; the row keeps what the caller set (the worker resolves
+    # unset speed settings per device).
+    assert run["hyperparameters"]["max_steps"] == 5 and run["hyperparameters"]["rank"] == 8
+    stored = conn.execute(
+        "SELECT params FROM train.training_run WHERE id = %s", (run["id"],)
+    ).fetchone()
+    assert stored["params"] == {"max_steps": 5}
+    snap = conn.execute(
+        "SELECT tenant_id, route, method, n_train, n_eval, params, created_by, set_hash"
+        " FROM train.dataset_snapshot WHERE id = %s",
+        (run["snapshot_id"],),
+    ).fetchone()
+    assert (snap["tenant_id"], snap["route"], snap["method"]) == (
+        tenant["id"],
+        route["name"],
+        method,
+    )
+    assert snap["n_train"] == 3 and snap["n_eval"] == 0 and snap["set_hash"]
+    prefix = conn.execute(
+        "SELECT prefix FROM auth.api_key WHERE tenant_id = %s AND role = 'trainer'", (tenant["id"],)
+    ).fetchone()["prefix"]
+    assert snap["params"]["eval_pct"] == 0 and snap["created_by"] == f"key:{prefix}"
+
+
+@pytest.mark.parametrize(
+    ("patch", "status", "needle"),
+    [
+        ({}, 422, "exactly one of snapshot_id"),
+        ({"snapshot_id": "SNAP", "snapshot": {}}, 422, "exactly one of snapshot_id"),
+        ({"snapshot": {"dedup": 0.2}}, 422, "dedup"),
+        ({"snapshot": {"eval_pct": 101}}, 422, "eval_pct"),
+        (
+            {"snapshot": {"since": "2001-01-01T00:00:00Z", "until": "2001-02-01T00:00:00Z"}},
+            409,
+            "no training examples",
+        ),
+    ],
+)
+def test_fresh_snapshot_requests_are_validated(api, conn, patch, status, needle) -> None:  # type: ignore[no-untyped-def]
+    tenant, route, snap = setup_route(conn, "sft")
+    _edited_log(conn, tenant["id"], route["name"], 1)
+    key = create_key(conn, tenant_id=tenant["id"], role="trainer")
+    if patch.get("snapshot_id") == "SNAP":
+        patch = patch | {"snapshot_id": str(snap["id"])}
+    before = conn.execute("SELECT count(*) AS n FROM train.dataset_snapshot").fetchone()["n"]
+    body = {"route": route["name"], "method": "sft"} | patch
+    r = httpx.post(f"{api}/v1/training-runs", json=body, headers=_h(key))
+    assert r.status_code == status, r.text
+    err = r.json()["error"]
+    assert needle in err["message"] and {"type", "code"} <= set(err)
+    # A refused request leaves no snapshot and no run behind.
+    after = conn.execute("SELECT count(*) AS n FROM train.dataset_snapshot").fetchone()["n"]
+    assert after == before
+    runs = conn.execute("SELECT count(*) AS n FROM train.training_run").fetchone()["n"]
+    assert runs == 0

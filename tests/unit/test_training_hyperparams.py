@@ -3,12 +3,21 @@
 from __future__ import annotations
 
 import logging
+import math
 
 import pytest
 from pydantic import ValidationError
 
 from workers.trainer.hyperparams import Hyperparameters
-from workers.trainer.train import TrainingDataError, _check_rows, _speed_setup
+from workers.trainer.train import (
+    MIN_PACK_LENGTH,
+    TrainingDataError,
+    _check_rows,
+    _restore_dtypes,
+    _speed_setup,
+    base_fingerprint,
+    resolve_hyperparameters,
+)
 
 
 def test_runbook_defaults_and_non_reentrant_checkpointing() -> None:
@@ -56,3 +65,108 @@ def test_sft_chats_become_prompt_completion_pairs() -> None:
     assert row == {"prompt": chat[:3], "completion": chat[3:]}
     with pytest.raises(TrainingDataError, match="last message must be the assistant's"):
         _check_rows("sft", [{"messages": chat[:3]}], "train")
+
+
+def _tokenizer():  # type: ignore[no-untyped-def]
+    """A real (tiny) fast tokenizer: one token per whitespace-separated word, ChatML template."""
+    from tokenizers import Tokenizer, models, pre_tokenizers
+    from transformers import PreTrainedTokenizerFast
+
+    tok = Tokenizer(models.WordLevel({"[UNK]": 0}, unk_token="[UNK]"))
+    tok.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
+    fast = PreTrainedTokenizerFast(tokenizer_object=tok, unk_token="[UNK]")
+    fast.chat_template = (
+        "{% for m in messages %}<|im_start|> {{ m['role'] }} {{ m['content'] }} <|im_end|> "
+        "{% endfor %}"
+    )
+    return fast
+
+
+def _sft_rows(lengths: list[int]) -> list[dict[str, object]]:
+    chats = [
+        {
+            "messages": [
+                {"role": "user", "content": "q"},
+                {"role": "assistant", "content": " ".join(["w"] * n)},
+            ]
+        }
+        for n in lengths
+    ]
+    return _check_rows("sft", chats, "train")
+
+
+def test_packed_rows_follow_the_longest_example_and_keep_the_step_size() -> None:
+    tok = _tokenizer()
+    # 7 template tokens + n words per chat: longest 1207 -> rows of 1216 (a multiple of 64).
+    rows = _sft_rows([200, 400, 1200])
+    hp, speed = resolve_hyperparameters("sft", Hyperparameters(), True, rows, tok)
+    assert speed.packing and speed.offload
+    mean = (207 + 407 + 1207) / 3
+    assert hp.max_length == 1216 and hp.grad_accum == math.ceil(16 * mean / 1216)
+    # Short examples still get rows of MIN_PACK_LENGTH; max_length stays the cap.
+    short, _ = resolve_hyperparameters("sft", Hyperparameters(), True, _sft_rows([10, 20]), tok)
+    assert short.max_length == MIN_PACK_LENGTH and short.grad_accum == 1
+    capped, _ = resolve_hyperparameters(
+        "sft", Hyperparameters(max_length=512), True, _sft_rows([900]), tok
+    )
+    assert capped.max_length == 512 and capped.grad_accum == 16  # 16 x 512-token rows
+    # What the caller set wins.
+    given, _ = resolve_hyperparameters(
+        "sft", Hyperparameters(max_length=832, grad_accum=8), True, rows, tok
+    )
+    assert (given.max_length, given.grad_accum) == (832, 8)
+    # The CPU keeps the plain runbook batches.
+    cpu, speed = resolve_hyperparameters("sft", Hyperparameters(), False, rows, tok)
+    assert (
+        not speed.packing
+        and not speed.offload
+        and (cpu.max_length, cpu.grad_accum)
+        == (
+            2048,
+            16,
+        )
+    )
+
+
+def test_preference_defaults_per_device() -> None:
+    tok = _tokenizer()
+    pairs = [{"prompt": [], "chosen": [], "rejected": []}] * 64
+    hp, speed = resolve_hyperparameters("dpo", Hyperparameters(), True, pairs, tok)
+    assert (hp.batch_size, hp.grad_accum) == (2, 8)
+    assert speed.offload and speed.precompute and not speed.packing
+    # A run shorter than one pass over the pairs keeps the reference forward per step.
+    hp, speed = resolve_hyperparameters("dpo", Hyperparameters(max_steps=3), True, pairs, tok)
+    assert not speed.precompute
+    hp, speed = resolve_hyperparameters("dpo", Hyperparameters(max_steps=4), True, pairs, tok)
+    assert speed.precompute  # 4 steps x 16 pairs = the whole set
+    hp, _ = resolve_hyperparameters("dpo", Hyperparameters(batch_size=1), True, pairs, tok)
+    assert (hp.batch_size, hp.grad_accum) == (1, 16)
+    hp, speed = resolve_hyperparameters("dpo", Hyperparameters(), False, pairs, tok)
+    assert (hp.batch_size, hp.grad_accum, speed.precompute, speed.offload) == (1, 16, False, False)
+    # TRL's KTO needs two examples per micro-batch, on any device.
+    hp, _ = resolve_hyperparameters("kto", Hyperparameters(), False, pairs, tok)
+    assert (hp.batch_size, hp.grad_accum) == (2, 8)
+    with pytest.raises(ValueError, match="kto needs batch_size >= 2"):
+        Hyperparameters(batch_size=1).check_method("kto")
+    with pytest.raises(ValueError, match="precompute_ref_log_probs is for dpo and kto"):
+        Hyperparameters(precompute_ref_log_probs=True).check_method("orpo")
+    with pytest.raises(ValueError, match="activation_offloading is for sft, dpo and kto"):
+        Hyperparameters(activation_offloading=True).check_method("simpo")
+
+
+def test_a_trainer_upcast_is_undone_bit_exactly() -> None:
+    import torch
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    cfg = LlamaConfig(
+        vocab_size=64, hidden_size=16, intermediate_size=32, num_hidden_layers=1,
+        num_attention_heads=2, num_key_value_heads=1,
+    )  # fmt: skip
+    model = LlamaForCausalLM(cfg).to(torch.bfloat16)
+    dtypes = {n: p.dtype for n, p in model.named_parameters()}
+    before = base_fingerprint(model)
+    for p in model.parameters():  # what prepare_model_for_kbit_training does (ORPO, CPO)
+        p.data = p.data.to(torch.float32)
+    assert base_fingerprint(model) != before
+    _restore_dtypes(model, dtypes)
+    assert base_fingerprint(model) == before

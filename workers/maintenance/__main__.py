@@ -6,15 +6,16 @@ import argparse
 import logging
 import time
 
+from app.core import artefacts
 from app.core.config import get_settings
 from app.core.db import connect, database_url
-from workers.maintenance.tasks import run_once
+from workers.maintenance.tasks import run_once, sweep_orphan_artefacts
 
 log = logging.getLogger("cft.maintenance")
 
 
 def main(argv: list[str] | None = None) -> int:
-    """Run maintenance passes every --interval seconds (or once)."""
+    """Run maintenance passes (partitions, orphan artefacts) every --interval seconds (or once)."""
     parser = argparse.ArgumentParser(prog="cft worker maintenance")
     add_arguments(parser)
     return run(parser.parse_args(argv))
@@ -44,6 +45,17 @@ def run(args: argparse.Namespace) -> int:
             report.rescued,
             report.dropped,
         )
+        try:
+            with connect(url, autocommit=True) as conn:
+                orphans = sweep_orphan_artefacts(
+                    conn,
+                    artefacts.get_store(settings),
+                    grace_hours=settings.artefact_orphan_grace_hours,
+                )
+            log.info("orphan artefacts deleted=%s", orphans)
+        except artefacts.ArtefactError as exc:
+            # A store outage must not stop partition maintenance; the next pass retries.
+            log.error("orphan artefact sweep failed: %s", exc)
         if args.once:
             return 0
         time.sleep(args.interval)

@@ -1,10 +1,15 @@
-"""One maintenance pass over obs.inference_log's partitions (SQL does the work)."""
+"""Maintenance passes: obs.inference_log's partitions (SQL does the work), orphan artefacts."""
 
 from __future__ import annotations
 
+import logging
 from dataclasses import dataclass, field
+from datetime import UTC, datetime, timedelta
 
+from app.core.artefacts import ArtefactStore
 from app.core.db import Connection
+
+log = logging.getLogger("cft.maintenance")
 
 
 @dataclass
@@ -30,3 +35,35 @@ def run_once(conn: Connection, *, weeks_ahead: int, retention_days: int) -> Main
         rows = conn.execute("SELECT * FROM obs.drop_partitions_v1(%s::interval)", (keep,))
         report.dropped = [next(iter(r.values())) for r in rows]
     return report
+
+
+def sweep_orphan_artefacts(
+    conn: Connection,
+    store: ArtefactStore,
+    *,
+    grace_hours: float,
+    now: datetime | None = None,
+) -> list[str]:
+    """Delete stored versions no adapter row references, once older than the grace period.
+
+    Such a version is an upload whose registration never committed (a worker killed between
+    put_dir and the adapter row's COMMIT, or a rolled-back registration). The worker uploads
+    seconds before it commits, so a version younger than the grace period is left alone: its
+    row may still be on its way. A version counts as referenced when an adapter row names its
+    URI or has its version as id (the worker names the version after the adapter). Returns the
+    URIs deleted.
+    """
+    cutoff = (now or datetime.now(UTC)) - timedelta(hours=grace_hours)
+    rows = conn.execute("SELECT id, weights_uri FROM serve.adapter").fetchall()
+    ids = {r["id"] for r in rows}
+    uris = {r["weights_uri"] for r in rows if r["weights_uri"]}
+    deleted = []
+    for version in store.versions():
+        if version.modified_at > cutoff:
+            continue
+        if not version.partial and (version.uri in uris or version.version in ids):
+            continue
+        store.delete(version)
+        log.info("deleted orphan artefact %s (last written %s)", version.uri, version.modified_at)
+        deleted.append(version.uri)
+    return deleted

@@ -4,9 +4,11 @@ Defaults follow the seed's QLoRA runbook (r=8, alpha=16, dropout 0.05, q/k/v/o, 
 cosine, warmup 3 %, batch 1 x grad-accum 16, 3 epochs, max_length 2048). Pure pydantic: the
 control plane imports it without loading any ML library.
 
-Speed settings (packing, padding_free, use_liger_kernel) default to None: the trainer picks them
-per device and method (see `workers.trainer.train._speed_setup`); BENCHMARKS.md "QLoRA on GPU
-(issue 5)" measured BFD packing + Liger at 1.8-2.5x the runbook's SFT tokens/s at ~equal VRAM.
+Speed settings (packing, padding_free, use_liger_kernel, activation_offloading,
+precompute_ref_log_probs) default to None: the trainer picks them per device and method, and
+fills in an unset batch shape (`workers.trainer.train.resolve_hyperparameters`; only what the
+caller set is stored on the run, so the worker can tell). BENCHMARKS.md "QLoRA on GPU (issue 5)"
+measured the CUDA defaults at 3.1x (SFT) and 1.8x (DPO) the runbook's tokens/s at lower VRAM.
 """
 
 from __future__ import annotations
@@ -69,6 +71,23 @@ class Hyperparameters(BaseModel):
         description="Liger kernels (CUDA only; ignored with a warning on CPU). None: on with CUDA"
         " for SFT and DPO when liger-kernel is installed.",
     )
+    activation_offloading: bool | None = Field(
+        None,
+        description="SFT, DPO, KTO: keep saved activations in pinned CPU memory between"
+        " forward and backward (CUDA only). None: on with CUDA for SFT and DPO.",
+    )
+    precompute_ref_log_probs: bool | None = Field(
+        None,
+        description="DPO and KTO: score the training set once with the adapter disabled before"
+        " training, so a step runs no reference forward. None: on for DPO with CUDA when the"
+        " run covers the training set at least once.",
+    )
+    precompute_ref_batch_size: int | None = Field(
+        None,
+        ge=1,
+        le=1024,
+        description="Pairs per reference batch when precomputing (None: batch_size).",
+    )
 
     @field_validator("target_modules")
     @classmethod
@@ -113,4 +132,17 @@ class Hyperparameters(BaseModel):
             raise ValueError(
                 f"padding_free is for sft only: TRL 1.16's DPOTrainer disables it, and the"
                 f" {method} trainer does not offer it; leave padding_free unset"
+            )
+        if method == "kto" and "batch_size" in self.model_fields_set and self.batch_size < 2:
+            raise ValueError(
+                "kto needs batch_size >= 2: TRL's KTOTrainer estimates its KL term across the"
+                " micro-batch (leave batch_size unset for 2)"
+            )
+        if self.precompute_ref_log_probs and method not in ("dpo", "kto"):
+            raise ValueError(
+                f"precompute_ref_log_probs is for dpo and kto only; {method} has no reference model"
+            )
+        if self.activation_offloading and method not in ("dpo", "kto"):
+            raise ValueError(
+                f"activation_offloading is for sft, dpo and kto; {method}'s trainer lacks it"
             )

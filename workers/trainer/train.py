@@ -155,10 +155,19 @@ class SpeedSetup:
     packing: bool
     padding_free: bool
     liger: bool
+    offload: bool = False
+    precompute: bool = False
 
 
-def _speed_setup(method: str, hp: Hyperparameters, cuda: bool) -> SpeedSetup:
-    """Resolve the speed settings: measured defaults on CUDA, plain batches on the CPU."""
+def _speed_setup(
+    method: str, hp: Hyperparameters, cuda: bool, n_train: int | None = None
+) -> SpeedSetup:
+    """Resolve the speed settings: measured defaults on CUDA, plain batches on the CPU.
+
+    CUDA defaults (BENCHMARKS.md "QLoRA on GPU (issue 5)"): SFT packs (BFD, padding-free); SFT and
+    DPO use Liger's layer kernels and activation offloading; DPO precomputes the reference
+    log-probs when the run covers the training set at least once (n_train examples).
+    """
     import importlib.util
 
     hp.check_method(method)
@@ -172,7 +181,77 @@ def _speed_setup(method: str, hp: Hyperparameters, cuda: bool) -> SpeedSetup:
         liger = False
     elif liger and not importlib.util.find_spec("liger_kernel"):
         raise ValueError("use_liger_kernel=true but liger-kernel is not installed on this worker")
-    return SpeedSetup(packing=packing, padding_free=padding_free, liger=liger)
+    offload = hp.activation_offloading
+    if offload is None:
+        offload = cuda and method in ("sft", "dpo")
+    elif offload and not cuda:
+        log.warning("activation_offloading=true ignored: it moves CUDA activations (run is on CPU)")
+        offload = False
+    precompute = hp.precompute_ref_log_probs
+    if precompute is None:
+        # One reference forward per pair, done once: it pays off from the first full epoch on.
+        per_step = hp.batch_size * hp.grad_accum
+        covers_epoch = hp.max_steps < 0 or (
+            n_train is not None and hp.max_steps * per_step >= n_train
+        )
+        precompute = cuda and method == "dpo" and covers_epoch
+    return SpeedSetup(packing, padding_free, liger, offload=offload, precompute=precompute)
+
+
+MIN_PACK_LENGTH = 1024
+
+
+def _token_lengths(rows: list[dict[str, Any]], tokenizer: Any) -> list[int]:
+    """Tokens of each prompt-completion row as the chat template renders it."""
+    texts = [
+        tokenizer.apply_chat_template(r["prompt"] + r["completion"], tokenize=False) for r in rows
+    ]
+    return [len(ids) for ids in tokenizer(texts, add_special_tokens=False)["input_ids"]]
+
+
+def resolve_hyperparameters(
+    method: str, hp: Hyperparameters, cuda: bool, rows: list[dict[str, Any]], tokenizer: Any
+) -> tuple[Hyperparameters, SpeedSetup]:
+    """The settings a run trains with: what the caller set, else the measured CUDA defaults.
+
+    Packed SFT rows are as long as the longest example (at least MIN_PACK_LENGTH tokens, at most
+    max_length) unless max_length was given, so peak memory follows the data as it does unpacked;
+    grad_accum, unless given, keeps an optimizer step at about the tokens of `batch_size x
+    grad_accum` examples. DPO on CUDA with batch_size and grad_accum left unset runs 2 pairs per
+    micro-batch and half the accumulation (the same pairs per step); KTO with batch_size unset
+    runs 2 examples per micro-batch (TRL's KTO needs 2 or more).
+    """
+    speed = _speed_setup(method, hp, cuda, n_train=len(rows))
+    given = hp.model_fields_set
+    update: dict[str, Any] = {
+        "packing": speed.packing,
+        "padding_free": speed.padding_free,
+        "use_liger_kernel": speed.liger,
+        "activation_offloading": speed.offload,
+        "precompute_ref_log_probs": speed.precompute,
+    }
+    if speed.packing and rows:
+        lengths = [min(n, hp.max_length) for n in _token_lengths(rows, tokenizer)]
+        row = hp.max_length
+        if "max_length" not in given:
+            row = min(hp.max_length, max(MIN_PACK_LENGTH, -(-max(lengths) // 64) * 64))
+            update["max_length"] = row
+        if "grad_accum" not in given:
+            tokens_per_step = hp.grad_accum * hp.batch_size * sum(lengths) / len(lengths)
+            update["grad_accum"] = max(1, math.ceil(tokens_per_step / (row * hp.batch_size)))
+    elif (
+        method == "dpo"
+        and cuda
+        and not given & {"batch_size", "grad_accum"}
+        and hp.grad_accum % 2 == 0
+    ):
+        update["batch_size"], update["grad_accum"] = hp.batch_size * 2, hp.grad_accum // 2
+    elif method == "kto" and "batch_size" not in given and hp.batch_size < 2:
+        # TRL's KTO estimates its KL term across the micro-batch and refuses one example.
+        update["batch_size"] = 2
+        if "grad_accum" not in given:
+            update["grad_accum"] = max(1, hp.grad_accum // 2)
+    return hp.model_copy(update=update), speed
 
 
 def _config(method: str, hp: Hyperparameters, out_dir: Path, has_eval: bool) -> Any:
@@ -220,15 +299,21 @@ def _config(method: str, hp: Hyperparameters, out_dir: Path, has_eval: bool) -> 
             packing=speed.packing,
             packing_strategy="bfd",
             padding_free=speed.padding_free,
+            activation_offloading=speed.offload,
         )
+    reference: dict[str, Any] = {
+        "activation_offloading": speed.offload,
+        "precompute_ref_log_probs": speed.precompute,
+        "precompute_ref_batch_size": hp.precompute_ref_batch_size,
+    }
     if method == "dpo":
         from trl.trainer.dpo_config import DPOConfig
 
-        return DPOConfig(**common, beta=hp.beta)
+        return DPOConfig(**common, **reference, beta=hp.beta)
     if method == "kto":
         from trl.trainer.kto_config import KTOConfig
 
-        return KTOConfig(**common, beta=hp.beta)
+        return KTOConfig(**common, **reference, beta=hp.beta)
     os.environ.setdefault("TRL_EXPERIMENTAL_SILENCE", "1")
     if method == "orpo":
         from trl.experimental.orpo import ORPOConfig
@@ -316,6 +401,7 @@ class LoadedBase:
     fingerprint: str
     load_seconds: float
     runs: int = 0
+    dtypes: dict[str, Any] = field(default_factory=dict)
 
 
 def base_fingerprint(model: Any) -> str:
@@ -338,6 +424,18 @@ def _checkpointing_off(model: Any) -> None:
         model.activation_checkpointing_disable()
 
 
+def _restore_dtypes(model: Any, dtypes: dict[str, Any]) -> None:
+    """Cast parameters a trainer upcast back to their loaded dtype (bf16 -> fp32 -> bf16 is exact).
+
+    TRL's ORPO and CPO (SimPO) trainers call prepare_model_for_kbit_training on a 4-bit model,
+    which upcasts the shared bf16 base's embeddings, head and norms to fp32.
+    """
+    for name, param in model.named_parameters():
+        want = dtypes.get(name)
+        if want is not None and param.dtype != want:
+            param.data = param.data.to(want)
+
+
 def _has_adapter_layers(model: Any) -> bool:
     from peft.tuners.tuners_utils import BaseTunerLayer
 
@@ -353,6 +451,7 @@ class BaseCache:
         self.loads = 0
 
     def _load(self, name: str, models_dir: Path) -> LoadedBase:
+        import torch
         from peft import prepare_model_for_kbit_training
 
         from workers import base_model as bm
@@ -363,8 +462,15 @@ class BaseCache:
         if not tokenizer.chat_template:
             raise TrainingDataError(f"base model {name} has no chat template")
         model = bm.load_model(name, models_dir, quantize_4bit=True)
-        # Casts and freezes once; each run's trainer turns gradient checkpointing on or off.
-        model = prepare_model_for_kbit_training(model, use_gradient_checkpointing=False)
+        # Freezes once; each run's trainer turns gradient checkpointing on or off. A bf16 base
+        # (CUDA) is only frozen: prepare_model_for_kbit_training would also upcast the embeddings,
+        # LM head and norms to fp32 (+0.4 GiB and an fp32 LM head on a 1B model with a 49k
+        # vocabulary), which the runbook does not do and bf16 does not need. On the CPU the
+        # base is fp32 already and the call changes nothing else.
+        if model.dtype == torch.bfloat16:
+            model.requires_grad_(False)
+        else:
+            model = prepare_model_for_kbit_training(model, use_gradient_checkpointing=False)
         model.config.use_cache = False
         self.loads += 1
         loaded = LoadedBase(
@@ -374,6 +480,7 @@ class BaseCache:
             tokenizer=tokenizer,
             fingerprint=base_fingerprint(model),
             load_seconds=round(time.monotonic() - started, 3),
+            dtypes={n: p.dtype for n, p in model.named_parameters()},
         )
         log.info("loaded base %s (%s) in NF4 in %.1f s", name, revision, loaded.load_seconds)
         return loaded
@@ -405,6 +512,7 @@ class BaseCache:
             with suppress(AttributeError, RuntimeError):  # no hook registered this run
                 model.disable_input_require_grads()
         _checkpointing_off(model)
+        _restore_dtypes(model, base.dtypes)
         if _has_adapter_layers(model) or base_fingerprint(model) != base.fingerprint:
             log.error(
                 "base %s changed during a run: dropping it; the next run reloads it", base.name
@@ -490,8 +598,12 @@ def train_adapter(
     progress_cb: ProgressCallback | None = None,
     provenance: dict[str, Any] | None = None,
     bases: BaseCache | None = None,
+    callbacks: list[Any] | None = None,
 ) -> TrainResult:
-    """Train one QLoRA adapter from JSONL examples; write adapter files + manifest to out_dir."""
+    """Train one QLoRA adapter from JSONL examples; write adapter files + manifest to out_dir.
+
+    `callbacks` are extra transformers TrainerCallbacks (benchmarks time steps with them).
+    """
     if method not in METHODS:
         raise ValueError(f"unknown method {method!r}: choose one of {', '.join(METHODS)}")
     hp = params if isinstance(params, Hyperparameters) else Hyperparameters(**(params or {}))
@@ -502,17 +614,51 @@ def train_adapter(
         raise TrainingDataError(f"no training examples in {train_path}")
 
     os.environ.setdefault("TRL_EXPERIMENTAL_SILENCE", "1")
-    import torch
     from transformers import set_seed
 
     set_seed(hp.seed)
+    requested = hp
+    cuda, _, _ = _device_setup(hp)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    callback = _progress_callback(progress_cb)
+    with (bases or BASES).lease(base_model, models_dir) as base:
+        hp, speed = resolve_hyperparameters(method, requested, cuda, train_rows, base.tokenizer)
+        return _train(
+            method,
+            train_rows,
+            eval_rows,
+            out_dir,
+            hp,
+            requested,
+            speed,
+            base,
+            [callback, *(callbacks or [])],
+            provenance,
+        )
+
+
+def _train(
+    method: str,
+    train_rows: list[dict[str, Any]],
+    eval_rows: list[dict[str, Any]],
+    out_dir: Path,
+    hp: Hyperparameters,
+    requested: Hyperparameters,
+    speed: SpeedSetup,
+    base: LoadedBase,
+    callbacks: list[Any],
+    provenance: dict[str, Any] | None,
+) -> TrainResult:
+    import torch
+
     cuda, optim, checkpointing = _device_setup(hp)
-    speed = _speed_setup(method, hp, cuda)
+    callback = callbacks[0]
     log.info(
         "training %s on %s: device=%s optimizer=%s%s gradient_checkpointing=%s packing=%s"
-        " padding_free=%s liger=%s",
+        " padding_free=%s liger=%s activation_offloading=%s precompute_ref_log_probs=%s"
+        " batch_size=%d grad_accum=%d max_length=%d",
         method,
-        base_model,
+        base.name,
         "cuda" if cuda else "cpu",
         optim,
         "" if cuda or hp.optim else " (paged 8-bit AdamW needs CUDA)",
@@ -520,13 +666,13 @@ def train_adapter(
         speed.packing,
         speed.padding_free,
         speed.liger,
+        speed.offload,
+        speed.precompute,
+        hp.batch_size,
+        hp.grad_accum,
+        hp.max_length,
     )
-    out_dir.mkdir(parents=True, exist_ok=True)
-    callback = _progress_callback(progress_cb)
-    with (
-        (bases or BASES).lease(base_model, models_dir) as base,
-        build_trainer(method, train_rows, eval_rows, out_dir, hp, base, [callback]) as trainer,
-    ):
+    with build_trainer(method, train_rows, eval_rows, out_dir, hp, base, callbacks) as trainer:
         revision, tokenizer = base.revision, base.tokenizer
         started = time.monotonic()
         output = trainer.train()
@@ -546,6 +692,11 @@ def train_adapter(
             "optimizer": optim,
             "packing": speed.packing,
             "liger": speed.liger,
+            "activation_offloading": speed.offload,
+            "precompute_ref_log_probs": speed.precompute,
+            "batch_size": hp.batch_size,
+            "grad_accum": hp.grad_accum,
+            "max_length": hp.max_length,
             "base_reused": base.runs > 0,
         }
         if eval_rows:
@@ -558,13 +709,13 @@ def train_adapter(
             raise RuntimeError(f"training finished but {name} was not written to {out_dir}")
     manifest = {
         "format": "cft-adapter/1",
-        "base_model": base_model,
+        "base_model": base.name,
         "base_revision": revision,
         "method": method,
         "snapshot_id": (provenance or {}).get("snapshot_id"),
         "set_hash": (provenance or {}).get("set_hash"),
         "training_run_id": (provenance or {}).get("training_run_id"),
-        "hyperparameters": hp.model_dump(),
+        "hyperparameters": requested.model_dump(),
         "metrics": metrics,
         "chat_template_sha256": hashlib.sha256(str(tokenizer.chat_template).encode()).hexdigest(),
         "files": {
