@@ -6,8 +6,8 @@
 #
 # The CUDA variant differs in its torch wheel and the `gpu` extra (Liger kernels): PyPI's Linux
 # x86_64 torch wheels are the CUDA builds and carry the CUDA runtime as nvidia-* wheels, so the
-# base stays python:3.11-slim and the host supplies only the driver (NVIDIA Container Toolkit). No secret is ever baked in: settings
-# come from the environment at run time (docker compose: .env).
+# base stays python:3.11-slim and the host supplies only the driver (NVIDIA Container Toolkit).
+# No secret is ever baked in: settings come from the environment at run time (docker compose: .env).
 ARG PYTHON_IMAGE=python:3.11-slim-bookworm
 ARG VARIANT=cpu
 
