@@ -45,6 +45,11 @@ class Settings(BaseSettings):
     s3_access_key_id: str | None = Field(None, description="S3 access key id.")
     s3_secret_access_key: SecretStr | None = Field(None, description="S3 secret key.")
     s3_region: str = Field("us-east-1", description="S3 region.")
+    artefact_orphan_grace_hours: float = Field(
+        24.0,
+        description="Hours after which the maintenance worker deletes a stored artefact version"
+        " that no adapter row references (an upload whose registration never committed).",
+    )
     engine_urls: str = Field(
         "", description="Comma-separated OpenAI/vLLM engine base URLs; empty = local engine."
     )
@@ -79,6 +84,14 @@ class Settings(BaseSettings):
     )
     embedding_url: str | None = Field(
         None, description="OpenAI-compatible /v1/embeddings endpoint; unset = local model."
+    )
+    dedup_radius: float = Field(
+        0.2,
+        description="Cosine distance within which the embedder stores a prompt's near duplicates"
+        " (snapshots with a higher dedup threshold probe the index instead).",
+    )
+    dedup_neighbours: int = Field(
+        10, description="Most near duplicates the embedder stores per prompt (k)."
     )
 
     @property

@@ -1,6 +1,6 @@
 """Snapshot rules: freeze candidates into train.dataset_snapshot and export them for TRL.
 
-The work happens in SQL (sql/functions/dataset_snapshot_v1.sql); this module calls it in the
+The work happens in SQL (sql/functions/dataset_snapshot_v2.sql); this module calls it in the
 caller's transaction and reads the frozen rows back. Example formats (TRL conversational):
 sft `{"messages"}`, dpo/orpo/simpo `{"prompt", "chosen", "rejected"}`, kto
 `{"prompt", "completion", "label"}`.
@@ -58,7 +58,7 @@ def create_snapshot(
             if refresh:
                 refresh_candidates(conn)
             row = conn.execute(
-                f"SELECT {_SNAPSHOT_COLUMNS} FROM train.create_snapshot_v1("
+                f"SELECT {_SNAPSHOT_COLUMNS} FROM train.create_snapshot_v2("
                 "%s, %s, %s, %s, %s, %s, %s, %s, %s)",
                 (
                     tenant_id,

@@ -1,4 +1,5 @@
-"""`python -m workers.embedder` / `cft worker embed`: fill missing prompt embeddings."""
+"""`python -m workers.embedder` / `cft worker embed`: fill missing prompt embeddings, then store
+each new prompt's near duplicates (CFT_DEDUP_RADIUS, CFT_DEDUP_NEIGHBOURS) for snapshot dedup."""
 
 from __future__ import annotations
 
@@ -9,7 +10,7 @@ import time
 from app.core.config import get_settings
 from app.core.db import connect, database_url
 from workers.embedder.model import load_encoder
-from workers.embedder.service import embed_pending
+from workers.embedder.service import embed_and_link
 
 log = logging.getLogger("cft.embedder")
 
@@ -36,11 +37,17 @@ def run(args: argparse.Namespace) -> int:
     url = database_url(settings)
     while True:
         with connect(url, autocommit=True) as conn:
-            n = embed_pending(conn, encoder, batch_size=args.batch_size)
-        if n:
-            log.info("embedded %d rows", n)
+            n, m = embed_and_link(
+                conn,
+                encoder,
+                radius=settings.dedup_radius,
+                neighbours=settings.dedup_neighbours,
+                batch_size=args.batch_size,
+            )
+        if n or m:
+            log.info("embedded %d rows, searched neighbours of %d", n, m)
         if args.once:
-            print(f"embedded {n} rows")
+            print(f"embedded {n} rows, searched neighbours of {m}")
             return 0
         time.sleep(args.interval)
 

@@ -1,4 +1,5 @@
-"""One embedding pass: claim rows without an embedding, embed their prompts, write them back."""
+"""One embedding pass: claim rows without an embedding, embed their prompts, write them back;
+then search the near duplicates of the newly embedded rows (obs.compute_prompt_neighbours_v1)."""
 
 from __future__ import annotations
 
@@ -51,3 +52,47 @@ def embed_pending(
             break
         total += n
     return total
+
+
+def link_batch(conn: Connection, *, radius: float, neighbours: int, batch_size: int) -> int:
+    """Search the neighbours of up to batch_size queued rows in one transaction (one statement);
+    returns how many rows were marked searched."""
+    with conn.transaction():
+        row = conn.execute(
+            "SELECT obs.compute_prompt_neighbours_v1(%s, %s, %s) AS n",
+            (radius, neighbours, batch_size),
+        ).fetchone()
+    return int(row["n"] if isinstance(row, dict) else row[0]) if row else 0
+
+
+def link_pending(conn: Connection, *, radius: float, neighbours: int, batch_size: int = 256) -> int:
+    """Drain the neighbour queue (rows embedded but not searched); returns the total."""
+    total = 0
+    while n := link_batch(conn, radius=radius, neighbours=neighbours, batch_size=batch_size):
+        total += n
+    return total
+
+
+def embed_and_link(
+    conn: Connection,
+    encoder: Encoder,
+    *,
+    radius: float,
+    neighbours: int,
+    batch_size: int = 256,
+    limit: int | None = None,
+) -> tuple[int, int]:
+    """Embed a batch, commit, search its neighbours, repeat until nothing is pending.
+
+    The search runs after the embeddings are committed (so two concurrent embedders cannot
+    miss each other's rows) and also takes rows a crash or an earlier pass left queued.
+    Returns (rows embedded, rows searched)."""
+    embedded = linked = 0
+    while True:
+        size = batch_size if limit is None else min(batch_size, limit - embedded)
+        n = embed_batch(conn, encoder, batch_size=size) if size > 0 else 0
+        m = link_batch(conn, radius=radius, neighbours=neighbours, batch_size=batch_size)
+        embedded += n
+        linked += m
+        if n == 0 and m == 0:
+            return embedded, linked
