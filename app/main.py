@@ -2,11 +2,10 @@
 
 from __future__ import annotations
 
-import time
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 
-from fastapi import FastAPI, Request, Response
+from fastapi import FastAPI
 
 from app import __version__, health
 from app.adapters import router as adapters_router
@@ -14,7 +13,7 @@ from app.core import errors
 from app.core.config import Settings, get_settings
 from app.core.db import database_url, make_pool
 from app.core.limits import BodyLimitMiddleware
-from app.core.metrics import HTTP_LATENCY, HTTP_REQUESTS
+from app.core.metrics import MetricsMiddleware
 from app.datasets import router as datasets_router
 from app.evals import router as evals_router
 from app.experiments import dashboard as experiments_dashboard
@@ -62,6 +61,8 @@ def create_app(
         lifespan=lifespan,
     )
     errors.install(app)
+    # The gateway first: routes are matched in order, and its calls are the hot path.
+    app.include_router(gateway.router)
     app.include_router(health.router)
     app.include_router(adapters_router.router)
     app.include_router(datasets_router.router)
@@ -72,19 +73,6 @@ def create_app(
     app.include_router(privacy_router.router)
     app.include_router(experiments_router.router)
     app.include_router(experiments_dashboard.router)
-    app.include_router(gateway.router)
     app.include_router(routes_router.router)
-
-    @app.middleware("http")
-    async def _measure(
-        request: Request, call_next: Callable[[Request], Awaitable[Response]]
-    ) -> Response:
-        start = time.perf_counter()
-        response = await call_next(request)
-        route = request.scope.get("route")
-        path = getattr(route, "path", "unmatched")
-        HTTP_LATENCY.labels(request.method, path).observe(time.perf_counter() - start)
-        HTTP_REQUESTS.labels(request.method, path, str(response.status_code)).inc()
-        return response
-
+    app.add_middleware(MetricsMiddleware)  # added last = outermost: times everything inside
     return app

@@ -2,11 +2,27 @@
 
 One run: a fresh embedded PostgreSQL, a fast stub OpenAI backend (bench infrastructure: a raw
 ASGI app under uvicorn that answers a fixed completion at once), and cft's API under uvicorn
-with CFT_ENGINE_URLS pointing at the stub. C concurrent clients (httpx, keep-alive) send the
-same non-streaming /v1/chat/completions either straight to the stub or through the router
-(route -> prod adapter, key auth, sticky split, proxy, log record queued and written to
-PostgreSQL). Added latency = percentile(router) - percentile(direct), at C = 1, 50, 200.
-Usage: python bench/router.py [--seconds 5] [--clients 1,50,200]
+(one process, uvloop + httptools) with CFT_ENGINE_URLS pointing at the stub. The same
+non-streaming /v1/chat/completions goes either straight to the stub ("direct") or through the
+router (key auth from cache, route -> prod adapter, sticky split, proxy, log record queued and
+written to PostgreSQL), from the same load generator in the same run, alternating direct and
+router slices so that drift on a shared machine hits both alike.
+
+The load generator is this process: raw asyncio protocols on uvloop, one keep-alive HTTP/1.1
+connection per client, requests pre-encoded, responses parsed with httptools (tens of µs per
+request, so it does not starve the servers). With --pin (default on a machine with 2+ CPUs)
+it runs on the last CPU and the stub and router on the others.
+
+Two measurements per concurrency C:
+- open loop: C clients each send at a fixed rate (the offered load is fixed and below
+  saturation), latency measured per request from its send (or from its scheduled time when
+  the client's previous request was still running, so queueing is not hidden);
+- closed loop: C clients send back to back; gives the maximum requests/s.
+Added latency = percentile(router) - percentile(direct).
+
+Usage: python bench/router.py [--seconds 10] [--slices 4] [--open 1x100,50x10,200x2.5]
+       [--closed 1,50,200] [--no-pin] [--client-costs]
+(--client-costs also times one call of httpx, aiohttp and the raw protocol against the stub.)
 """
 
 from __future__ import annotations
@@ -14,17 +30,21 @@ from __future__ import annotations
 import argparse
 import asyncio
 import os
+import random
 import socket
 import subprocess
 import sys
 import tempfile
 import time
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import httptools
 import httpx
 import orjson
 import psycopg
+import uvloop
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
@@ -34,6 +54,7 @@ from app.core.db import migrate  # noqa: E402
 
 BASE = "smollm2-135m-instruct"
 N_ADAPTERS = 300  # names the stub reports as loaded: bench-v0 .. bench-v299
+PATH = "/v1/chat/completions"
 
 
 def stub_app(models: list[str]) -> Any:
@@ -78,7 +99,10 @@ def stub_app(models: list[str]) -> Any:
             {
                 "type": "http.response.start",
                 "status": 200,
-                "headers": [(b"content-type", b"application/json")],
+                "headers": [
+                    (b"content-type", b"application/json"),
+                    (b"content-length", str(len(body)).encode()),
+                ],
             }
         )
         await send({"type": "http.response.body", "body": body})
@@ -104,13 +128,39 @@ def wait_ready(url: str, timeout: float = 60) -> None:
     raise RuntimeError(f"{url} did not come up")
 
 
+def uvicorn_cmd(port: int, *target: str) -> list[str]:
+    return [
+        sys.executable,
+        "-m",
+        "uvicorn",
+        *target,
+        "--port",
+        str(port),
+        "--log-level",
+        "warning",
+        "--no-access-log",
+        "--loop",
+        "uvloop",
+        "--http",
+        "httptools",
+    ]
+
+
 class Stack:
     """Embedded PostgreSQL + stub backend + cft router, each in its own process."""
 
-    def __init__(self) -> None:
+    def __init__(self, server_cpus: set[int] | None = None) -> None:
         self.tmp = Path(tempfile.mkdtemp(prefix="cft-bench-router-"))
         self.pgdata = self.tmp / "pg"
         self.procs: list[subprocess.Popen[bytes]] = []
+        self.server_cpus = server_cpus
+
+    def _spawn(self, cmd: list[str], **kw: Any) -> subprocess.Popen[bytes]:
+        proc = subprocess.Popen(cmd, **kw)
+        if self.server_cpus:
+            os.sched_setaffinity(proc.pid, self.server_cpus)
+        self.procs.append(proc)
+        return proc
 
     def __enter__(self) -> Stack:
         self.db = embedded.start(self.pgdata)
@@ -138,8 +188,8 @@ class Stack:
             self.tenant_id = tid
         self.stub_port, self.api_port = free_port(), free_port()
         models = ",".join([BASE] + [f"bench-v{i}" for i in range(N_ADAPTERS)])
-        self.procs.append(
-            subprocess.Popen([sys.executable, __file__, "--stub", str(self.stub_port), models])
+        self.stub_proc = self._spawn(
+            [sys.executable, __file__, "--stub", str(self.stub_port), models]
         )
         self.stub = f"http://127.0.0.1:{self.stub_port}"
         wait_ready(self.stub + "/v1/models")
@@ -148,27 +198,8 @@ class Stack:
             "CFT_ENGINE_URLS": self.stub,
             "CFT_HOME": str(self.tmp / "home"),
         }
-        self.procs.append(
-            subprocess.Popen(
-                [
-                    sys.executable,
-                    "-m",
-                    "uvicorn",
-                    "app.main:create_app",
-                    "--factory",
-                    "--port",
-                    str(self.api_port),
-                    "--log-level",
-                    "warning",
-                    "--no-access-log",
-                    "--loop",
-                    "uvloop",
-                    "--http",
-                    "httptools",
-                ],
-                env=env,
-                cwd=ROOT,
-            )
+        self.api_proc = self._spawn(
+            uvicorn_cmd(self.api_port, "app.main:create_app", "--factory"), env=env, cwd=ROOT
         )
         self.api = f"http://127.0.0.1:{self.api_port}"
         wait_ready(self.api + "/healthz")
@@ -192,29 +223,247 @@ BODY = orjson.dumps(
 )
 
 
-async def load(url: str, headers: dict[str, str], clients: int, seconds: float) -> list[float]:
-    """Latencies (s) of C clients each sending requests back to back for `seconds`."""
-    lat: list[float] = []
-    limits = httpx.Limits(max_connections=clients, max_keepalive_connections=clients)
-    async with httpx.AsyncClient(limits=limits, timeout=30) as client:
-        stop = time.perf_counter() + seconds
+def raw_request(port: int, headers: dict[str, str], body: bytes = BODY) -> bytes:
+    """One pre-encoded keep-alive POST of the chat body."""
+    lines = [f"POST {PATH} HTTP/1.1", f"host: 127.0.0.1:{port}"]
+    lines += [f"{k}: {v}" for k, v in headers.items()]
+    lines += ["content-type: application/json", f"content-length: {len(body)}", "", ""]
+    return "\r\n".join(lines).encode() + body
 
-        async def worker(i: int) -> None:
-            h = headers | {"content-type": "application/json", "x-cft-user": f"u{i}"}
-            while time.perf_counter() < stop:
-                t = time.perf_counter()
-                r = await client.post(url, content=BODY, headers=h)
-                lat.append(time.perf_counter() - t)
-                if r.status_code != 200:
-                    raise RuntimeError(f"{url}: {r.status_code} {r.text[:200]}")
 
-        await asyncio.gather(*(worker(i) for i in range(clients)))
-    return lat
+class Conn(asyncio.Protocol):
+    """One keep-alive HTTP/1.1 client connection (one request in flight at a time)."""
+
+    def __init__(self) -> None:
+        self.transport: asyncio.Transport | None = None
+        self.parser = httptools.HttpResponseParser(self)
+        self.waiter: asyncio.Future[int] | None = None
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        self.transport = transport  # type: ignore[assignment]
+
+    def data_received(self, data: bytes) -> None:
+        self.parser.feed_data(data)
+
+    def on_message_complete(self) -> None:
+        waiter, self.waiter = self.waiter, None
+        if waiter is not None and not waiter.done():
+            waiter.set_result(self.parser.get_status_code())
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        if self.waiter is not None and not self.waiter.done():
+            self.waiter.set_exception(ConnectionError(f"connection lost: {exc}"))
+
+    def request(self, raw: bytes) -> asyncio.Future[int]:
+        assert self.transport is not None
+        self.waiter = asyncio.get_running_loop().create_future()
+        self.transport.write(raw)
+        return self.waiter
+
+
+TICK = os.sysconf("SC_CLK_TCK")
+
+
+def cpu_seconds(pid: int) -> float:
+    """User + system CPU time of a process (all its threads) so far."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rpartition(")")[2].split()
+    return (int(fields[11]) + int(fields[12])) / TICK
+
+
+@dataclass
+class Result:
+    lat: list[float] = field(default_factory=list)
+    seconds: float = 0.0
+    late: int = 0  # sends that left more than 1 ms after their scheduled time
+    cpu: float = 0.0  # CPU seconds the measured server process used meanwhile
+
+    def add(self, other: Result) -> None:
+        self.lat += other.lat
+        self.seconds += other.seconds
+        self.late += other.late
+        self.cpu += other.cpu
+
+    @property
+    def cpu_us(self) -> float:
+        return self.cpu / len(self.lat) * 1e6 if self.lat else 0.0
+
+    @property
+    def rps(self) -> float:
+        return len(self.lat) / self.seconds if self.seconds else 0.0
+
+
+async def connect(port: int, n: int) -> list[Conn]:
+    loop = asyncio.get_running_loop()
+    conns = []
+    for _ in range(n):
+        _, proto = await loop.create_connection(Conn, "127.0.0.1", port)
+        proto.transport.get_extra_info("socket").setsockopt(  # type: ignore[union-attr]
+            socket.IPPROTO_TCP, socket.TCP_NODELAY, 1
+        )
+        conns.append(proto)
+    return conns
+
+
+async def run_load(
+    port: int, reqs: list[bytes], seconds: float, rate: float | None, pid: int | None = None
+) -> Result:
+    """C clients for `seconds`: each at `rate` req/s (open loop), or back to back (None).
+
+    Connections are opened before the clock starts (servers close idle keep-alives after 5 s).
+    """
+    conns = await connect(port, len(reqs))
+    clock = time.perf_counter
+    res = Result()
+    start = clock() + 0.05
+    stop = start + seconds
+    cpu0 = cpu_seconds(pid) if pid else 0.0
+
+    async def client(conn: Conn, raw: bytes) -> None:
+        if rate is None:
+            await asyncio.sleep(start - clock())
+            while clock() < stop:
+                t = clock()
+                status = await conn.request(raw)
+                res.lat.append(clock() - t)
+                if status != 200:
+                    raise RuntimeError(f"status {status}")
+            return
+        interval = 1.0 / rate
+        due = start + random.uniform(0, interval)
+        done = 0.0
+        while due < stop:
+            wait = due - clock()
+            if wait > 0:
+                await asyncio.sleep(wait)
+            t = clock()
+            if t - due > 0.001:
+                res.late += 1
+            status = await conn.request(raw)
+            # The previous answer came after this one was due: count the wait for it too.
+            sent = due if done > due else t
+            done = clock()
+            res.lat.append(done - sent)
+            if status != 200:
+                raise RuntimeError(f"status {status}")
+            due += interval
+
+    await asyncio.gather(*(client(c, r) for c, r in zip(conns, reqs, strict=True)))
+    res.seconds = clock() - start
+    res.cpu = cpu_seconds(pid) - cpu0 if pid else 0.0
+    for conn in conns:
+        assert conn.transport is not None
+        conn.transport.close()
+    return res
 
 
 def pct(values: list[float], p: float) -> float:
     s = sorted(values)
     return s[min(len(s) - 1, int(p / 100 * len(s)))] * 1000
+
+
+def load_str() -> str:
+    return "load avg " + " ".join(f"{x:.2f}" for x in os.getloadavg())
+
+
+async def bench(st: Stack, args: argparse.Namespace) -> None:
+    auth_h = {"authorization": f"Bearer {st.key}"}
+    open_loads = [(int(c), float(r)) for c, r in (x.split("x") for x in args.open.split(","))]
+    closed = [int(x) for x in args.closed.split(",")] if args.closed else []
+    most = max([c for c, _ in open_loads] + closed)
+    targets = {}
+    for name, port, h, pid in (
+        ("direct", st.stub_port, {}, st.stub_proc.pid),
+        ("router", st.api_port, auth_h, st.api_proc.pid),
+    ):
+        reqs = [raw_request(port, h | {"x-cft-user": f"u{i}"}) for i in range(most)]
+        targets[name] = (port, reqs, pid)
+        await run_load(port, reqs, 2.0, None)  # warm-up: upstream pool, route and key caches
+    slices = args.slices
+
+    def head(title: str) -> None:
+        print(f"\n{title}")
+        print(
+            f"{'clients':>7} {'offered':>8} | {'direct p50':>10} {'p99':>7} {'req/s':>6} | "
+            f"{'router p50':>10} {'p99':>7} {'req/s':>6} | {'added p50':>9} {'p99':>7} | "
+            f"{'ratio p50':>9} {'p99':>5} | {'CPU/req stub':>12} {'router':>6} | load avg"
+        )
+
+    def row(c: int, offered: str, d: Result, r: Result, before: str) -> None:
+        dp50, dp99, rp50, rp99 = pct(d.lat, 50), pct(d.lat, 99), pct(r.lat, 50), pct(r.lat, 99)
+        print(
+            f"{c:>7} {offered:>8} | {dp50:>8.2f}ms {dp99:>5.2f}ms {d.rps:>6.0f} | "
+            f"{rp50:>8.2f}ms {rp99:>5.2f}ms {r.rps:>6.0f} | {rp50 - dp50:>7.2f}ms "
+            f"{rp99 - dp99:>5.2f}ms | {rp50 / dp50:>8.2f}x {rp99 / dp99:>4.1f}x | "
+            f"{d.cpu_us:>10.0f}µs {r.cpu_us:>4.0f}µs | {before[9:]} -> {load_str()[9:]}"
+            + (f"  (late sends: direct {d.late}, router {r.late})" if d.late or r.late else ""),
+            flush=True,
+        )
+
+    head(
+        f"open loop: fixed offered rate, {args.seconds:.0f} s per side in {slices} alternating "
+        "slices (latency from send)"
+    )
+    for c, rate in open_loads:
+        before = load_str()
+        total = {"direct": Result(), "router": Result()}
+        for _ in range(slices):
+            for name in ("direct", "router"):
+                port, reqs, pid = targets[name]
+                total[name].add(await run_load(port, reqs[:c], args.seconds / slices, rate, pid))
+        row(c, f"{c * rate:.0f}/s", total["direct"], total["router"], before)
+    if closed:
+        head(f"closed loop: back to back, {args.seconds:.0f} s per side (max requests/s)")
+    for c in closed:
+        before = load_str()
+        total = {"direct": Result(), "router": Result()}
+        for _ in range(slices):
+            for name in ("direct", "router"):
+                port, reqs, pid = targets[name]
+                total[name].add(await run_load(port, reqs[:c], args.seconds / slices, None, pid))
+        row(c, "max", total["direct"], total["router"], before)
+
+
+async def client_costs(port: int, n: int = 3000) -> None:
+    """CPU per call of the HTTP clients a proxy could use, against the stub (1 call at a time)."""
+    import aiohttp
+
+    url = f"http://127.0.0.1:{port}{PATH}"
+    json_h = {"content-type": "application/json"}
+
+    async def with_httpx() -> None:
+        async with httpx.AsyncClient() as c:
+            for _ in range(n):
+                r = await c.send(
+                    c.build_request("POST", url, content=BODY, headers=json_h), stream=True
+                )
+                await r.aread()
+                await r.aclose()
+
+    async def with_aiohttp() -> None:
+        async with aiohttp.ClientSession(cookie_jar=aiohttp.DummyCookieJar()) as s:
+            for _ in range(n):
+                r = await s.post(url, data=BODY, headers=json_h)
+                await r.read()
+                r.release()
+
+    async def with_protocol() -> None:
+        [conn] = await connect(port, 1)
+        raw = raw_request(port, {})
+        for _ in range(n):
+            await conn.request(raw)
+        assert conn.transport is not None
+        conn.transport.close()
+
+    print(f"\nupstream client CPU per call (this process, {n} sequential calls, 2 rounds)")
+    for _ in range(2):
+        for name, fn in (
+            ("httpx", with_httpx),
+            ("aiohttp", with_aiohttp),
+            ("asyncio protocol + httptools", with_protocol),
+        ):
+            c0 = time.process_time()
+            await fn()
+            print(f"  {name:<30} {(time.process_time() - c0) / n * 1e6:6.0f} µs", flush=True)
 
 
 def main() -> None:
@@ -232,30 +481,36 @@ def main() -> None:
         )
         return
     ap = argparse.ArgumentParser()
-    ap.add_argument("--seconds", type=float, default=5.0)
-    ap.add_argument("--clients", default="1,50,200")
+    ap.add_argument("--seconds", type=float, default=10.0, help="per side and load")
+    ap.add_argument("--slices", type=int, default=4, help="alternating direct/router slices")
+    ap.add_argument(
+        "--open", default="1x100,50x10,200x2.5", help="open-loop loads: CLIENTSxRATE_PER_CLIENT"
+    )
+    ap.add_argument("--closed", default="1,50,200", help="closed-loop concurrencies ('' = none)")
+    ap.add_argument("--pin", action=argparse.BooleanOptionalAction, default=None)
+    ap.add_argument(
+        "--client-costs", action="store_true", help="also time httpx/aiohttp/raw calls to the stub"
+    )
     args = ap.parse_args()
-    with Stack() as st:
-        auth_h = {"authorization": f"Bearer {st.key}"}
-        # Warm up both paths (connections, route cache, key cache).
-        asyncio.run(load(st.api + "/v1/chat/completions", auth_h, 4, 1.0))
-        print(f"router bench: stub backend, {args.seconds:.0f} s per run, {os.cpu_count()} CPUs")
-        print(
-            f"{'clients':>7} | {'direct p50':>10} {'p99':>7} {'req/s':>7} | "
-            f"{'router p50':>10} {'p99':>7} {'req/s':>7} | {'added p50':>9} {'p99':>7}"
+    cpus = sorted(os.sched_getaffinity(0))
+    pin = args.pin if args.pin is not None else len(cpus) >= 2
+    gen_cpu, server_cpus = cpus[-1], set(cpus[:-1]) if pin else None
+    with Stack(server_cpus) as st:
+        if pin:
+            os.sched_setaffinity(0, {gen_cpu})
+        where = (
+            f"generator on CPU {gen_cpu}, stub + router on CPU {sorted(server_cpus)}"
+            if pin and server_cpus
+            else "nothing pinned"
         )
-        for c in [int(x) for x in args.clients.split(",")]:
-            d = asyncio.run(load(st.stub + "/v1/chat/completions", {}, c, args.seconds))
-            r = asyncio.run(load(st.api + "/v1/chat/completions", auth_h, c, args.seconds))
-            print(
-                f"{c:>7} | {pct(d, 50):>8.2f}ms {pct(d, 99):>5.2f}ms {len(d) / args.seconds:>7.0f} | "
-                f"{pct(r, 50):>8.2f}ms {pct(r, 99):>5.2f}ms {len(r) / args.seconds:>7.0f} | "
-                f"{pct(r, 50) - pct(d, 50):>7.2f}ms {pct(r, 99) - pct(d, 99):>5.2f}ms"
-            )
+        print(f"router bench: stub backend, {len(cpus)} CPUs, {where}; {load_str()}")
+        uvloop.run(bench(st, args))
+        if args.client_costs:
+            uvloop.run(client_costs(st.stub_port))
         time.sleep(1.0)
         with psycopg.connect(st.db) as c:
             n = c.execute("SELECT count(*) FROM obs.inference_log").fetchone()
-        print(f"log rows written by the router: {n[0] if n else 0}")
+        print(f"\nlog rows written by the router: {n[0] if n else 0}; {load_str()}")
 
 
 if __name__ == "__main__":

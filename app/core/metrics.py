@@ -2,16 +2,23 @@
 
 from __future__ import annotations
 
+import time
+from functools import lru_cache
+from typing import Any, TypeVar
+
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+from prometheus_client.metrics import MetricWrapperBase
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 REGISTRY = CollectorRegistry(auto_describe=True)
+M = TypeVar("M", bound=MetricWrapperBase)
 
 HTTP_REQUESTS = Counter(
     "cft_http_requests_total", "HTTP requests", ["method", "route", "status"], registry=REGISTRY
 )
 HTTP_LATENCY = Histogram(
     "cft_http_request_duration_seconds",
-    "HTTP request latency",
+    "HTTP request latency (until the response headers are sent)",
     ["method", "route"],
     registry=REGISTRY,
     buckets=(0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10),
@@ -91,3 +98,57 @@ LOG_QUEUE_DEPTH = Gauge(
     "Inference log records queued, not yet written",
     registry=REGISTRY,
 )
+
+
+@lru_cache(maxsize=4096)
+def _child(metric: Any, labels: tuple[str, ...]) -> Any:
+    return metric.labels(*labels)
+
+
+def child(metric: M, *labels: str) -> M:
+    """metric.labels(*labels), memoised: the hot path skips label validation and the lock."""
+    result: M = _child(metric, labels)
+    return result
+
+
+class MetricsMiddleware:
+    """Count and time every HTTP request by method, route template and status (pure ASGI).
+
+    Starlette's `@app.middleware("http")` (BaseHTTPMiddleware) runs each request in a task
+    with memory streams; this only wraps `send` to see the status and the header time.
+    """
+
+    def __init__(self, app: ASGIApp) -> None:
+        self.app = app
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        start = time.perf_counter()
+        seen: list[Any] = []  # [status, seconds to headers, route template] once headers go
+
+        async def send_and_watch(message: Message) -> None:
+            if message["type"] == "http.response.start":
+                # The route is in the scope once routing matched (read it now: frameworks may
+                # restore the scope after the endpoint returns).
+                route = scope.get("route")
+                seen[:] = (
+                    message["status"],
+                    time.perf_counter() - start,
+                    getattr(route, "path", "unmatched"),
+                )
+            await send(message)
+
+        try:
+            await self.app(scope, receive, send_and_watch)
+        finally:
+            if seen:
+                status, seconds, path = seen
+            else:  # the app raised before answering: the server error middleware sends 500
+                route = scope.get("route")
+                status, seconds = 500, time.perf_counter() - start
+                path = getattr(route, "path", "unmatched")
+            method = scope["method"]
+            child(HTTP_LATENCY, method, path).observe(seconds)
+            child(HTTP_REQUESTS, method, path, str(status)).inc()

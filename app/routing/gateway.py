@@ -11,12 +11,13 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import os
 import time
 import uuid
 from collections.abc import AsyncIterator
 from typing import Annotated, Any
 
-import httpx
+import aiohttp
 import orjson
 import psycopg
 from fastapi import APIRouter, Depends, Request, Response
@@ -32,9 +33,10 @@ from app.core.metrics import (
     ROUTER_LATENCY,
     ROUTER_REQUESTS,
     ROUTING_DECISIONS,
+    child,
 )
 from app.routing.assign import Assignment, RouteState
-from app.routing.engines import EnginePool, EngineState
+from app.routing.engines import ENGINE_ERRORS, EnginePool, EngineState
 
 log = logging.getLogger("cft.routing.gateway")
 
@@ -42,12 +44,59 @@ router = APIRouter(tags=["router"])
 
 CLIENT_ROLES = frozenset({"ingest", "client", "admin"})
 RETRY_AFTER = "2"
-# Tasks that close upstream streams after a client went away (kept referenced until done).
+# Tasks that close relays after a client went away (kept referenced until done).
 _closing: set[asyncio.Task[None]] = set()
+# Request headers the gateway reads, found in one pass over the raw list.
+_WANTED = frozenset({b"authorization", b"x-cft-route", b"x-cft-user", b"x-request-id"})
+_JSON = {"content-type": "application/json"}
+_HEADERS_KEY = "cft.headers"
+
+
+class _RequestIds:
+    """Random (version 4) request ids cut from a 4 KiB os.urandom buffer: one system call per
+    256 ids instead of one per call (each is a chance for the kernel to preempt the loop)."""
+
+    def __init__(self) -> None:
+        self._buf = b""
+        self._pos = 0
+        # A forked child must not replay the parent's buffer.
+        os.register_at_fork(after_in_child=self._reset)
+
+    def _reset(self) -> None:
+        self._buf, self._pos = b"", 0
+
+    def next(self) -> uuid.UUID:
+        """A fresh random UUID."""
+        if self._pos >= len(self._buf):
+            self._buf, self._pos = os.urandom(4096), 0
+        raw = self._buf[self._pos : self._pos + 16]
+        self._pos += 16
+        return uuid.UUID(bytes=raw, version=4)
+
+
+_ids = _RequestIds()
+
+
+def _headers(request: Request) -> dict[bytes, bytes]:
+    """The gateway's request headers (first value of each), parsed once per request."""
+    scope = request.scope
+    found: dict[bytes, bytes] | None = scope.get(_HEADERS_KEY)
+    if found is None:
+        found = {}
+        for name, value in scope["headers"]:
+            if name in _WANTED and name not in found:
+                found[name] = value
+        scope[_HEADERS_KEY] = found
+    return found
+
+
+def _header(request: Request, name: bytes) -> str | None:
+    value = _headers(request).get(name)
+    return value.decode("latin-1") if value is not None else None
 
 
 def _bearer(request: Request) -> str:
-    scheme, _, token = request.headers.get("authorization", "").partition(" ")
+    scheme, _, token = (_header(request, b"authorization") or "").partition(" ")
     if scheme.lower() != "bearer" or not token.strip():
         raise Unauthorized(
             "missing API key: send 'Authorization: Bearer <key>' (create one with `cft key create`)"
@@ -100,14 +149,14 @@ ClientKey = Annotated[ApiKey, Depends(client_key)]
 
 
 def _route_name(request: Request, body: dict[str, Any]) -> str:
-    name = request.headers.get("x-cft-route") or body.get("model")
+    name = _header(request, b"x-cft-route") or body.get("model")
     if not isinstance(name, str) or not name:
         raise BadRequest('name the route in `model` (e.g. "support-es") or the X-Cft-Route header')
     return name
 
 
 def _user(request: Request, body: dict[str, Any]) -> str | None:
-    user = request.headers.get("x-cft-user") or body.get("user")
+    user = _header(request, b"x-cft-user") or body.get("user")
     return str(user) if user not in (None, "") else None
 
 
@@ -140,11 +189,13 @@ class _Stream(StreamingResponse):
                 task.add_done_callback(_closing.discard)
 
 
-def _close_later(resp: httpx.Response) -> None:
-    # Cleanup may run inside a cancelled scope, where an await would be cancelled at once.
-    task = asyncio.get_running_loop().create_task(resp.aclose())
-    _closing.add(task)
-    task.add_done_callback(_closing.discard)
+def _done(resp: aiohttp.ClientResponse) -> None:
+    """Give the connection back to the pool when the body was read to its end, else close it
+    (which also tells the engine to stop generating). Synchronous: safe in cancelled cleanup."""
+    if resp.content.at_eof():
+        resp.release()
+    else:
+        resp.close()
 
 
 def _candidates(engine: EngineState, state: RouteState, assignment: Assignment) -> list[str]:
@@ -156,12 +207,13 @@ def _candidates(engine: EngineState, state: RouteState, assignment: Assignment) 
 
 async def _send(
     runtime: Any, state: RouteState, assignment: Assignment, body: dict[str, Any], path: str
-) -> tuple[httpx.Response, EngineState, str, str | None, float]:
+) -> tuple[aiohttp.ClientResponse, EngineState, str, str | None, float]:
     """Send to the first engine and model that answer; (response, engine, model, why, t0).
 
     `why` is None when the assigned model served the call, else the fallback reason.
     """
     engines: EnginePool = runtime.engines
+    session = engines.session
     want = assignment.adapter_id or state.base_model
     failed_adapter = False
     order = engines.order(assignment.adapter_id)
@@ -173,36 +225,35 @@ async def _send(
         for model in _candidates(engine, state, assignment):
             body["model"] = model
             started = time.perf_counter()
-            req = engines.client.build_request(
-                "POST",
-                engine.url + path,
-                content=orjson.dumps(body),
-                headers={"content-type": "application/json"},
-            )
             try:
-                resp = await engines.client.send(req, stream=True)
-            except (httpx.TimeoutException, httpx.NetworkError, httpx.RemoteProtocolError) as exc:
+                # Returns once the status line and headers are in; the body is read later.
+                resp = await session.post(engine.url + path, data=orjson.dumps(body), headers=_JSON)
+            except ENGINE_ERRORS as exc:
                 engine.mark_down()
                 ENGINE_FAILURES.labels(engine.url, type(exc).__name__).inc()
-                log.warning("engine %s failed (%s): trying the next one", engine.url, exc)
+                log.warning("engine %s failed (%r): trying the next one", engine.url, exc)
                 break
             is_adapter = model != state.base_model
-            ROUTER_LATENCY.labels("lora" if is_adapter else "base").observe(
+            child(ROUTER_LATENCY, "lora" if is_adapter else "base").observe(
                 time.perf_counter() - started
             )
-            if is_adapter and (resp.status_code == 404 or resp.status_code >= 500):
-                detail = (await resp.aread())[:300]
-                await resp.aclose()
+            if is_adapter and (resp.status == 404 or resp.status >= 500):
+                try:
+                    detail = (await resp.read())[:300]
+                except ENGINE_ERRORS as exc:
+                    detail = repr(exc).encode()
+                finally:
+                    _done(resp)
                 failed_adapter = True
-                ROUTER_REQUESTS.labels(state.name, model, "error").inc()
+                child(ROUTER_REQUESTS, state.name, model, "error").inc()
                 log.warning(
                     "adapter %s failed on %s (%s %s): falling back",
                     model,
                     engine.url,
-                    resp.status_code,
+                    resp.status,
                     detail,
                 )
-                if resp.status_code == 404:
+                if resp.status == 404:
                     engine.forget(model)
                 if runtime.reconciler is not None:
                     runtime.reconciler.kick()
@@ -210,7 +261,7 @@ async def _send(
             why = None
             if model != want:
                 why = "adapter_error" if failed_adapter else "not_loaded"
-                ROUTER_FALLBACKS.labels(why).inc()
+                child(ROUTER_FALLBACKS, why).inc()
             return resp, engine, model, why, started
     raise Unavailable(
         "no inference engine is reachable; retry shortly",
@@ -237,7 +288,7 @@ async def proxy(request: Request, key: ApiKey, kind: str) -> Response:
     if state is None or state.tenant_id != key.tenant_id:
         raise NotFound(f"no route named {route_name!r} for this tenant")
     user = _user(request, body)
-    assignment: Assignment = state.assign(runtime.hash_user(user).hex() if user else "")
+    assignment: Assignment = state.assign(runtime.user_key(user) if user else "")
     if kind == "chat":
         messages = body.get("messages")
         if not isinstance(messages, list) or not messages:
@@ -248,8 +299,8 @@ async def proxy(request: Request, key: ApiKey, kind: str) -> Response:
             raise BadRequest("`prompt` must be a string")
         messages = [{"role": "user", "content": prompt}]
 
-    rid_header = request.headers.get("x-request-id")
-    request_id = uuid.UUID(rid_header) if _is_uuid(rid_header) else uuid.uuid4()
+    rid_header = _header(request, b"x-request-id")
+    request_id = uuid.UUID(rid_header) if _is_uuid(rid_header) else _ids.next()
     upstream_body = dict(body)
     upstream_body.pop("user", None)
     stream = bool(body.get("stream"))
@@ -272,13 +323,13 @@ async def proxy(request: Request, key: ApiKey, kind: str) -> Response:
     except Unavailable as exc:
         record |= {"status": "error", "completion": None, "adapter_id": assignment.adapter_id}
         writer.submit(record)
-        ROUTER_REQUESTS.labels(route_name, assignment.adapter_id or state.base_model, "error").inc()
+        child(ROUTER_REQUESTS, route_name, assignment.adapter_id or state.base_model, "error").inc()
         exc.headers["X-Request-Id"] = str(request_id)
         raise
     # A call that fell back did not get its arm's model: it belongs to no arm of the experiment.
     variant = assignment.variant if why is None else None
     decision = variant or "base"
-    ROUTING_DECISIONS.labels("fallback" if why else decision).inc()
+    child(ROUTING_DECISIONS, "fallback" if why else decision).inc()
     record |= {
         "adapter_id": model,
         "experiment": assignment.experiment if state.canaries else None,
@@ -292,17 +343,17 @@ async def proxy(request: Request, key: ApiKey, kind: str) -> Response:
 
     if not stream:
         try:
-            raw = await upstream.aread()
-        except httpx.HTTPError as exc:
+            raw = await upstream.read()
+        except ENGINE_ERRORS as exc:
             record |= {"status": "error", "completion": None}
             writer.submit(record)
             raise Unavailable(
-                f"the inference engine failed: {exc}",
+                f"the inference engine failed: {exc!r}",
                 code="engine_unavailable",
                 headers=headers | {"Retry-After": RETRY_AFTER},
             ) from exc
         finally:
-            await upstream.aclose()
+            _done(upstream)
         try:
             data = orjson.loads(raw) if raw else {}
         except orjson.JSONDecodeError:
@@ -313,24 +364,36 @@ async def proxy(request: Request, key: ApiKey, kind: str) -> Response:
                     "code": "engine_error",
                 }
             }
-        if upstream.status_code == 200 and isinstance(data, dict):
+        if upstream.status == 200 and isinstance(data, dict):
             record |= _completion_fields(data, kind)
             record["ttft_ms"] = int((time.perf_counter() - started) * 1000)
             record["status"] = "ok"
             data["model"] = route_name
         else:
             record["status"] = "error"
-        ROUTER_REQUESTS.labels(route_name, model, record["status"]).inc()
+        child(ROUTER_REQUESTS, route_name, model, record["status"]).inc()
         writer.submit(record)
-        return Response(orjson.dumps(data), upstream.status_code, headers, "application/json")
+        return Response(orjson.dumps(data), upstream.status, headers, "application/json")
 
-    if upstream.status_code != 200:
-        payload = await upstream.aread()
-        await upstream.aclose()
+    if upstream.status != 200:
+        try:
+            payload = await upstream.read()
+        except ENGINE_ERRORS as exc:
+            payload = orjson.dumps(
+                {
+                    "error": {
+                        "message": f"the inference engine failed: {exc!r}",
+                        "type": "service_unavailable",
+                        "code": "engine_error",
+                    }
+                }
+            )
+        finally:
+            _done(upstream)
         record |= {"status": "error", "completion": None}
-        ROUTER_REQUESTS.labels(route_name, model, "error").inc()
+        child(ROUTER_REQUESTS, route_name, model, "error").inc()
         writer.submit(record)
-        return Response(payload, upstream.status_code, headers, "application/json")
+        return Response(payload, upstream.status, headers, "application/json")
 
     async def relay() -> AsyncIterator[bytes]:
         text: list[str] = []
@@ -339,7 +402,7 @@ async def proxy(request: Request, key: ApiKey, kind: str) -> Response:
         status = "partial"
         buffer = b""
         try:
-            async for chunk in upstream.aiter_bytes():
+            async for chunk in upstream.content.iter_any():
                 buffer += chunk
                 events, buffer = _sse_events(buffer)
                 for event in events:
@@ -366,11 +429,11 @@ async def proxy(request: Request, key: ApiKey, kind: str) -> Response:
                         status = "error"
                     obj["model"] = route_name
                     yield b"data: " + orjson.dumps(obj) + b"\n\n"
-        except httpx.HTTPError as exc:
+        except ENGINE_ERRORS as exc:
             status = "partial" if text else "error"
             err = {
                 "error": {
-                    "message": f"the inference engine failed mid-stream: {exc}",
+                    "message": f"the inference engine failed mid-stream: {exc!r}",
                     "type": "service_unavailable",
                     "code": "engine_error",
                 }
@@ -385,9 +448,9 @@ async def proxy(request: Request, key: ApiKey, kind: str) -> Response:
                 tokens_out=usage.get("completion_tokens") or (len(text) if text else None),
                 status=status,
             )
-            ROUTER_REQUESTS.labels(route_name, model, status).inc()
+            child(ROUTER_REQUESTS, route_name, model, status).inc()
             writer.submit(record)
-            _close_later(upstream)
+            _done(upstream)
 
     return _Stream(relay(), media_type="text/event-stream", headers=headers)
 

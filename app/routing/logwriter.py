@@ -100,15 +100,15 @@ class LogWriter:
                 await self._task
 
     async def _next_batch(self) -> list[dict[str, Any]]:
+        # Wait for a first record, then let the batch fill for up to max_delay with one sleep
+        # (not one wait_for, i.e. one task and one timer, per record), then take what is there.
         batch = [await self._queue.get()]
-        deadline = asyncio.get_running_loop().time() + self._max_delay
+        if self._queue.qsize() < self._batch_size - 1:
+            await asyncio.sleep(self._max_delay)
         while len(batch) < self._batch_size:
-            timeout = deadline - asyncio.get_running_loop().time()
-            if timeout <= 0:
-                break
             try:
-                batch.append(await asyncio.wait_for(self._queue.get(), timeout))
-            except TimeoutError:
+                batch.append(self._queue.get_nowait())
+            except asyncio.QueueEmpty:
                 break
         return batch
 

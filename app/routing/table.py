@@ -18,6 +18,7 @@ from app.routing.assign import Canary, RouteState
 log = logging.getLogger("cft.routing")
 
 CHANNEL = "cft_adapter"
+_HITS = ROUTE_CACHE.labels("hit")
 
 
 def load_route(conn: Connection, name: str) -> RouteState | None:
@@ -69,7 +70,7 @@ class RouteTable:
         """(True, state) when the route is cached and fresh; never touches the database."""
         hit = self._cache.get(name)  # a dict read is atomic: no lock on the hot path
         if hit is not None and time.monotonic() - hit[0] < self.ttl:
-            ROUTE_CACHE.labels("hit").inc()
+            _HITS.inc()
             return True, hit[1]
         return False, None
 

@@ -14,6 +14,7 @@ import pytest
 from psycopg.rows import dict_row
 
 from app.core.auth import create_key
+from app.core.metrics import REGISTRY
 from app.core.pseudonym import user_hash, user_secret
 from app.main import create_app
 from tests.support.factories import make_adapter, make_route, make_tenant
@@ -239,3 +240,56 @@ def test_feedback_right_after_the_call_waits_for_the_queued_log(setup):
         )
         assert fb.status_code == 200, fb.text
         assert fb.json()["fb_explicit"] == -1
+
+
+def _sample(name: str, **labels: str) -> float:
+    return REGISTRY.get_sample_value(name, labels) or 0.0
+
+
+def test_metrics_count_calls_and_time_lora_and_base_apart(setup):
+    """The API runs in this process: read its registry before and after real calls."""
+    with psycopg.connect(setup["db_url"], autocommit=True, row_factory=dict_row) as c:
+        bare = make_route(c, tenant_id=setup["tenant"]["id"], base_model=BASE)  # no adapter
+    chat = {"method": "POST", "route": "/v1/chat/completions"}
+    before = {
+        "ok": _sample("cft_http_requests_total", **chat, status="200"),
+        "401": _sample("cft_http_requests_total", **chat, status="401"),
+        "timed": _sample("cft_http_request_duration_seconds_count", **chat),
+        "lora": _sample("cft_router_upstream_seconds_count", kind="lora"),
+        "base": _sample("cft_router_upstream_seconds_count", kind="base"),
+        "prod": _sample(
+            "cft_router_requests_total",
+            route=setup["route"]["name"],
+            adapter=setup["prod"]["id"],
+            status="ok",
+        ),
+    }
+    headers = {"Authorization": f"Bearer {setup['key']}"}
+    for route, adapter in ((setup["route"]["name"], setup["prod"]["id"]), (bare["name"], BASE)):
+        resp = httpx.post(
+            f"{setup['api']}/v1/chat/completions",
+            json={"model": route, "messages": [{"role": "user", "content": "Hi"}], "max_tokens": 2},
+            headers=headers,
+            timeout=60,
+        )
+        assert resp.status_code == 200, resp.text
+        assert resp.headers["x-cft-adapter"] == adapter
+    assert httpx.post(f"{setup['api']}/v1/chat/completions", json={}).status_code == 401
+    assert _sample("cft_http_requests_total", **chat, status="200") - before["ok"] == 2
+    assert _sample("cft_http_requests_total", **chat, status="401") - before["401"] == 1
+    assert _sample("cft_http_request_duration_seconds_count", **chat) - before["timed"] == 3
+    assert _sample("cft_router_upstream_seconds_count", kind="lora") - before["lora"] == 1
+    assert _sample("cft_router_upstream_seconds_count", kind="base") - before["base"] == 1
+    prod_calls = _sample(
+        "cft_router_requests_total",
+        route=setup["route"]["name"],
+        adapter=setup["prod"]["id"],
+        status="ok",
+    )
+    assert prod_calls - before["prod"] == 1
+    # And the same numbers are what /metrics serves.
+    text = httpx.get(setup["api"] + "/metrics").text
+    assert 'cft_router_upstream_seconds_count{kind="lora"}' in text
+    assert (
+        'cft_http_requests_total{method="POST",route="/v1/chat/completions",status="200"}' in text
+    )
