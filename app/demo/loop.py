@@ -51,6 +51,9 @@ class LoopConfig:
     )  # fmt: skip
     alpha: float = 0.05
     min_arm_n: int = 15  # users per arm before a significant difference counts
+    # Let the evaluator finish the SFT adapter before the next run trains: on a CPU-only machine
+    # a training run next to the evaluator's generations oversubscribes the cores and both crawl.
+    one_heavy_job_at_a_time: bool = True
     seed: int = 1
     suite_cases: int = 30
 
@@ -363,6 +366,9 @@ def run_loop(api: str, keys: Keys, cfg: LoopConfig | None = None, say: Say = pri
     end()
     if cfg.preference_method:
         end = _phase(report, f"train: {cfg.preference_method.upper()} on the preference pairs", say)
+        if cfg.one_heavy_job_at_a_time:
+            say(f"  the evaluator scores {candidates[0]} first (one CPU-heavy job at a time)")
+            _wait_evals(c, candidates[0], say)
         try:
             candidates.append(
                 _train(c, cfg, report, cfg.preference_method, cfg.preference_hyperparameters, say)
