@@ -3,6 +3,8 @@ traffic with embeddings, next to a plain `COPY (SELECT ...) TO` of the same rows
 
     .venv/bin/python bench/datasets.py                 # 1,000,000 log rows (issue 4)
     .venv/bin/python bench/datasets.py --rows 100000
+    .venv/bin/python bench/datasets.py --rows 100000 --link-candidates-only --pgdata /tmp/b100k
+        # keep the loaded database; a second run with the same --pgdata skips the setup
 
 Setup, timed apart from the snapshots: bulk load (rows arrive with their embeddings, so the
 insert trigger queues them for the neighbour search), HNSW build, then the embedder's neighbour
@@ -17,6 +19,7 @@ thumbs (KTO), 10% were regenerated and have a child row (DPO pairs).
 from __future__ import annotations
 
 import argparse
+import statistics
 import sys
 import tempfile
 import threading
@@ -65,14 +68,31 @@ SELECT gen_random_uuid(), tenant_id, route, 'base', messages, 'better ' || compl
   FROM obs.inference_log WHERE fb_regen;
 """
 
-FLOOR_KTO = """COPY (SELECT messages, completion, fb_explicit > 0 AS label, id
+# The floor: the same candidate rows, with the columns a snapshot needs to build, rank and
+# trace each example (ids, created_at, rating, prompt, completion(s), label), read from the log
+# with the same filters (route, signal, pii_flags = 0, 60-day window). The snapshot additionally
+# reads the candidate view, rechecks consent, and writes what it read.
+FLOOR_KTO = """COPY (SELECT id, created_at, messages, completion, fb_explicit AS rating,
+       fb_explicit > 0 AS label
   FROM obs.inference_log
  WHERE tenant_id = %(tenant)s AND route = %(route)s AND fb_explicit <> 0 AND pii_flags = 0
    AND created_at >= now() - interval '60 days') TO STDOUT"""
-FLOOR_DPO = """COPY (SELECT rej.messages, cho.completion, rej.completion, rej.id, cho.id
+FLOOR_DPO = """COPY (SELECT rej.id, rej.created_at, cho.id, cho.created_at, rej.messages,
+       cho.completion, rej.completion, coalesce(cho.fb_explicit, 0) AS rating
   FROM obs.inference_log rej JOIN obs.inference_log cho ON cho.parent_id = rej.id
  WHERE rej.tenant_id = %(tenant)s AND rej.route = %(route)s AND rej.fb_regen
+   AND rej.pii_flags = 0 AND cho.pii_flags = 0
    AND rej.created_at >= now() - interval '60 days') TO STDOUT"""
+FLOOR_COLUMNS = {
+    "kto": "id, created_at, messages, completion, rating, label",
+    "dpo": "ids, created_ats, messages, chosen, rejected, rating",
+}
+
+# Rows that no candidate view can use (no thumbs, not regenerated, not edited).
+UNQUEUE_NON_CANDIDATES = """DELETE FROM obs.prompt_neighbour_scan s USING obs.inference_log l
+ WHERE l.id = s.log_id AND l.created_at = s.created_at AND s.radius IS NULL
+   AND coalesce(l.fb_explicit, 0) = 0 AND NOT coalesce(l.fb_regen, false)
+   AND l.edited_completion IS NULL"""
 
 
 def copy_seconds(conn: psycopg.Connection, sql: str, params: dict) -> tuple[float, int, int]:
@@ -94,15 +114,32 @@ def main() -> int:
     ap.add_argument(
         "--link-workers", type=int, default=1, help="parallel neighbour-search sessions"
     )
+    ap.add_argument("--repeat", type=int, default=1, help="floor + snapshot pairs per method")
+    ap.add_argument(
+        "--snapshot-function",
+        default=datasets.SNAPSHOT_FUNCTION,
+        help="the SQL function the snapshots run (an older version, to compare)",
+    )
+    ap.add_argument(
+        "--link-candidates-only",
+        action="store_true",
+        help="search neighbours only for rows a KTO/DPO/SFT view can use (same edges between"
+        " candidates, about half the setup time)",
+    )
     ap.add_argument(
         "--database-url", help="an empty database to use (default: a temp embedded one)"
+    )
+    ap.add_argument(
+        "--pgdata",
+        type=Path,
+        help="a data directory to keep: loaded the first time, reused (setup skipped) after",
     )
     args = ap.parse_args()
 
     url = args.database_url
-    pgdata = None
+    pgdata = args.pgdata
     if not url:
-        pgdata = Path(tempfile.mkdtemp(prefix="cft-bench-")) / "pg"
+        pgdata = pgdata or Path(tempfile.mkdtemp(prefix="cft-bench-")) / "pg"
         url = embedded.start(
             pgdata,
             tuning={
@@ -125,91 +162,117 @@ def run(url: str, args: argparse.Namespace) -> int:
     """Load, snapshot, compare."""
     migrate(url)
     with psycopg.connect(url, autocommit=True, row_factory=dict_row) as conn:
-        tenant = conn.execute(
-            "INSERT INTO tenant (name, consent_training) VALUES ('bench', true) RETURNING id"
-        ).fetchone()["id"]
         route = "bench-route"
-        conn.execute(
-            "INSERT INTO serve.route (name, tenant_id, base_model) VALUES (%s, %s, 'm')",
-            (route, tenant),
-        )
-        p = {"tenant": tenant, "route": route, "n": args.rows, "k": int(args.rows * 0.9)}
-
-        t = time.perf_counter()
-        # Bulk load without the HNSW index, then build it once (as a backfill would).
-        conn.execute("DROP INDEX obs.inference_log_embedding_idx")
-        for statement in LOAD.split(";\n"):
-            if statement.strip():
-                conn.execute(statement, p)
-        total = conn.execute("SELECT count(*) AS n FROM obs.inference_log").fetchone()["n"]
-        print(
-            f"loaded {total} log rows with embeddings in {time.perf_counter() - t:.1f} s",
-            flush=True,
-        )
-        t = time.perf_counter()
-        conn.execute(
-            "CREATE INDEX inference_log_embedding_idx ON obs.inference_log USING hnsw (embedding halfvec_cosine_ops)"
-        )
-        conn.execute("VACUUM ANALYZE obs.inference_log")
-        print(f"HNSW index built in {time.perf_counter() - t:.1f} s", flush=True)
-
-        t = time.perf_counter()
-        linked = link_all(url, args)
-        t_link = time.perf_counter() - t
-        edges = conn.execute("SELECT count(*) AS n FROM obs.prompt_neighbour").fetchone()["n"]
-        conn.execute("VACUUM ANALYZE obs.prompt_neighbour, obs.prompt_neighbour_scan")
-        print(
-            f"neighbour search (ingest cost, {args.link_workers} session(s)): {linked} rows in"
-            f" {t_link:.1f} s = {linked / t_link:.0f} rows/s; {edges} edges within"
-            f" {args.radius}, k {args.neighbours}",
-            flush=True,
-        )
-
-        t = time.perf_counter()
-        datasets.refresh_candidates(conn)
-        t_refresh = time.perf_counter() - t
-        conn.execute("ANALYZE train.kto_candidate_v1, train.pair_candidate_v1")
-        print(f"candidate views refreshed in {t_refresh:.1f} s", flush=True)
-
-        results = []
-        for method, floor_sql in (("kto", FLOOR_KTO), ("dpo", FLOOR_DPO)):
-            t_floor, floor_rows, floor_bytes = copy_seconds(conn, floor_sql, p)
-            t = time.perf_counter()
-            snap = datasets.create_snapshot(
-                conn,
-                tenant_id=tenant,
-                route=route,
-                method=method,
-                dedup_threshold=args.threshold,
-                refresh=False,
-            )
-            t_snap = time.perf_counter() - t
-            results.append((method, t_snap, t_floor, floor_rows, floor_bytes, snap))
-
-        print()
-        print(
-            f"{'method':6} {'floor rows':>10} {'COPY s':>8} {'snapshot s':>10} {'ratio':>6}  counts"
-        )
-        for method, t_snap, t_floor, floor_rows, _, snap in results:
-            c = snap["counts"]
-            steps = " -> ".join(
-                f"{k} {c[k]}"
-                for k in ("view_rows", "in_window", "live_ok", "exact_dedup", "semantic_dedup")
-            )
-            print(
-                f"{method:6} {floor_rows:>10} {t_floor:>8.2f} {t_snap:>10.2f} {t_snap / t_floor:>5.1f}x  {steps}"
-            )
-        for method, _, _, _, _, snap in results:
-            c = snap["counts"]
-            ms = ", ".join(f"{k} {v}" for k, v in snap["params"]["step_ms"].items())
-            print(
-                f"{method}: searched_rows {c['searched_rows']}, probed_live {c['probed_live']};"
-                f" ms per step: {ms}"
-            )
-        print(
-            f"(candidate view refresh, once for both: {t_refresh:.1f} s; threshold {args.threshold})"
-        )
+        loaded = conn.execute("SELECT id FROM tenant WHERE name = 'bench'").fetchone()
+        if loaded:  # --pgdata from an earlier run: the same data, setup skipped
+            tenant = loaded["id"]
+            p = {"tenant": tenant, "route": route}
+            total = conn.execute("SELECT count(*) AS n FROM obs.inference_log").fetchone()["n"]
+            print(f"reusing {total} log rows (setup skipped)", flush=True)
+        else:
+            tenant = setup(conn, url, args, route)
+            p = {"tenant": tenant, "route": route}
+        run_snapshots(conn, args, tenant, route, p)
     return 0
+
+
+def setup(conn: psycopg.Connection, url: str, args: argparse.Namespace, route: str) -> int:
+    """Load the synthetic traffic, build the HNSW index, search neighbours, refresh views."""
+    tenant: int = conn.execute(
+        "INSERT INTO tenant (name, consent_training) VALUES ('bench', true) RETURNING id"
+    ).fetchone()["id"]
+    conn.execute(
+        "INSERT INTO serve.route (name, tenant_id, base_model) VALUES (%s, %s, 'm')",
+        (route, tenant),
+    )
+    p = {"tenant": tenant, "route": route, "n": args.rows, "k": int(args.rows * 0.9)}
+
+    t = time.perf_counter()
+    # Bulk load without the HNSW index, then build it once (as a backfill would).
+    conn.execute("DROP INDEX obs.inference_log_embedding_idx")
+    for statement in LOAD.split(";\n"):
+        if statement.strip():
+            conn.execute(statement, p)
+    total = conn.execute("SELECT count(*) AS n FROM obs.inference_log").fetchone()["n"]
+    print(
+        f"loaded {total} log rows with embeddings in {time.perf_counter() - t:.1f} s",
+        flush=True,
+    )
+    t = time.perf_counter()
+    conn.execute(
+        "CREATE INDEX inference_log_embedding_idx ON obs.inference_log USING hnsw (embedding halfvec_cosine_ops)"
+    )
+    conn.execute("VACUUM ANALYZE obs.inference_log")
+    print(f"HNSW index built in {time.perf_counter() - t:.1f} s", flush=True)
+
+    if args.link_candidates_only:
+        # A row no view can use is never a snapshot candidate; its own search only yields edges
+        # with itself as one end, so the edges between candidates are the same without it.
+        n = conn.execute(UNQUEUE_NON_CANDIDATES).rowcount
+        print(f"neighbour search limited to candidate rows ({n} others unqueued)", flush=True)
+    t = time.perf_counter()
+    linked = link_all(url, args)
+    t_link = time.perf_counter() - t
+    edges = conn.execute("SELECT count(*) AS n FROM obs.prompt_neighbour").fetchone()["n"]
+    conn.execute("VACUUM ANALYZE obs.prompt_neighbour, obs.prompt_neighbour_scan")
+    print(
+        f"neighbour search (ingest cost, {args.link_workers} session(s)): {linked} rows in"
+        f" {t_link:.1f} s = {linked / t_link:.0f} rows/s; {edges} edges within"
+        f" {args.radius}, k {args.neighbours}",
+        flush=True,
+    )
+
+    t = time.perf_counter()
+    datasets.refresh_candidates(conn)
+    conn.execute("ANALYZE train.kto_candidate_v1, train.pair_candidate_v1")
+    print(f"candidate views refreshed in {time.perf_counter() - t:.1f} s", flush=True)
+    return tenant
+
+
+def run_snapshots(
+    conn: psycopg.Connection, args: argparse.Namespace, tenant: int, route: str, p: dict
+) -> None:
+    """Each method: the COPY floor, then the snapshot, in the same run."""
+    datasets.SNAPSHOT_FUNCTION = args.snapshot_function
+    results = []
+    for method, floor_sql in [("kto", FLOOR_KTO), ("dpo", FLOOR_DPO)] * args.repeat:
+        t_floor, floor_rows, floor_bytes = copy_seconds(conn, floor_sql, p)
+        t = time.perf_counter()
+        snap = datasets.create_snapshot(
+            conn,
+            tenant_id=tenant,
+            route=route,
+            method=method,
+            dedup_threshold=args.threshold,
+            refresh=False,
+        )
+        t_snap = time.perf_counter() - t
+        results.append((method, t_snap, t_floor, floor_rows, floor_bytes, snap))
+
+    print()
+    print(f"{'method':6} {'floor rows':>10} {'COPY s':>8} {'snapshot s':>10} {'ratio':>6}  counts")
+    for method, t_snap, t_floor, floor_rows, _, snap in results:
+        c = snap["counts"]
+        steps = " -> ".join(
+            f"{k} {c[k]}"
+            for k in ("view_rows", "in_window", "live_ok", "exact_dedup", "semantic_dedup")
+        )
+        print(
+            f"{method:6} {floor_rows:>10} {t_floor:>8.3f} {t_snap:>10.3f} {t_snap / t_floor:>5.1f}x  {steps}"
+        )
+    for method in ("kto", "dpo"):
+        ratios = sorted(r[1] / r[2] for r in results if r[0] == method)
+        print(f"{method}: median ratio {statistics.median(ratios):.1f}x of {len(ratios)} run(s)")
+    for method, _, _, _, floor_bytes, snap in results[:2]:
+        c = snap["counts"]
+        ms = ", ".join(f"{k} {v}" for k, v in snap["params"]["step_ms"].items())
+        print(
+            f"{method}: COPY {floor_bytes / 1e6:.1f} MB; searched_rows {c['searched_rows']},"
+            f" probed_live {c['probed_live']}; ms per step: {ms}"
+        )
+    for method, columns in FLOOR_COLUMNS.items():
+        print(f"{method} floor: COPY of the candidate rows' {columns}")
+    print(f"(threshold {args.threshold}; snapshots via {datasets.SNAPSHOT_FUNCTION})")
 
 
 def link_all(url: str, args: argparse.Namespace) -> int:

@@ -1,6 +1,6 @@
 """Snapshot rules: freeze candidates into train.dataset_snapshot and export them for TRL.
 
-The work happens in SQL (sql/functions/dataset_snapshot_v2.sql); this module calls it in the
+The work happens in SQL (sql/functions/dataset_snapshot_v3.sql); this module calls it in the
 caller's transaction and reads the frozen rows back. Example formats (TRL conversational):
 sft `{"messages"}`, dpo/orpo/simpo `{"prompt", "chosen", "rejected"}`, kto
 `{"prompt", "completion", "label"}`.
@@ -24,6 +24,7 @@ SPLITS = ("train", "eval")
 DEFAULT_DEDUP_THRESHOLD = 0.1
 DEFAULT_EVAL_PCT = 10
 DEFAULT_NEIGHBOURS = 10
+SNAPSHOT_FUNCTION = "train.create_snapshot_v3"
 
 _SNAPSHOT_COLUMNS = (
     "id, tenant_id, route, method, query_sql, params, counts, n_train, n_eval, set_hash,"
@@ -58,7 +59,7 @@ def create_snapshot(
             if refresh:
                 refresh_candidates(conn)
             row = conn.execute(
-                f"SELECT {_SNAPSHOT_COLUMNS} FROM train.create_snapshot_v2("
+                f"SELECT {_SNAPSHOT_COLUMNS} FROM {SNAPSHOT_FUNCTION}("
                 "%s, %s, %s, %s, %s, %s, %s, %s, %s)",
                 (
                     tenant_id,

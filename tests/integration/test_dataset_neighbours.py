@@ -219,6 +219,71 @@ def test_rows_not_searched_fall_back_to_live_probes(conn):
     assert wide["counts"]["searched_rows"] == 0
 
 
+def _v2_and_v3(conn: Any, tenant: dict[str, Any], route: dict[str, Any], **kw: Any) -> list[Any]:
+    """The same snapshot through create_snapshot_v2 and _v3 (one until for both)."""
+    until = datetime.now(UTC) + timedelta(seconds=1)
+    out = []
+    for version in ("v2", "v3"):
+        out.append(
+            conn.execute(
+                f"SELECT * FROM train.create_snapshot_{version}(%s, %s, %s, p_until => %s,"
+                " p_dedup_threshold => %s)",
+                (tenant["id"], route["name"], kw.get("method", "kto"), until, kw["threshold"]),
+            ).fetchone()
+        )
+    return out
+
+
+def _counts_add_up(snap: Any) -> None:
+    c = snap["counts"]
+    assert c["view_rows"] >= c["in_window"] >= c["live_ok"] >= c["exact_dedup"]
+    assert c["exact_dedup"] >= c["semantic_dedup"] == snap["n_train"] + snap["n_eval"]
+    assert c["searched_rows"] + c["probed_live"] + c["without_embedding"] == c["exact_dedup"] or (
+        snap["params"]["dedup_threshold"] == 0
+    )
+    assert set(snap["params"]["step_ms"]) == {
+        "candidates",
+        "exact_dedup",
+        "edges",
+        "live_probes",
+        "semantic_dedup",
+        "write",
+    }
+
+
+def test_v3_builds_the_same_snapshot_as_v2(conn):
+    tenant, route, _other, _ids = _traffic(conn)
+    embed_and_link(conn, encoder(), radius=RADIUS, neighbours=K)
+    # An exact duplicate of the best paraphrase and a row with no embedding join in.
+    make_log(
+        conn,
+        tenant_id=tenant["id"],
+        route=route["name"],
+        messages=_user("how do I  RESET my password?"),
+        completion="dup",
+        fb_explicit=1,
+    )
+    datasets.refresh_candidates(conn)
+    fields = ("counts", "n_train", "n_eval", "set_hash", "method", "route", "tenant_id")
+    # Edges only; then a threshold above the search radius (every survivor probed live); then
+    # no semantic dedup at all.
+    results = {}
+    for threshold in (0.1, 0.3, 0.0):
+        v2, v3 = _v2_and_v3(conn, tenant, route, threshold=threshold)
+        assert {f: v3[f] for f in fields} == {f: v2[f] for f in fields}, threshold
+        _counts_add_up(v3)
+        hashes = "SELECT example_hash, split FROM train.dataset_example WHERE snapshot_id = %s"
+        assert sorted(conn.execute(hashes, (v3["id"],)).fetchall(), key=str) == sorted(
+            conn.execute(hashes, (v2["id"],)).fetchall(), key=str
+        )
+        assert datasets.verify_snapshot(conn, snapshot_id=v3["id"])["set_hash_ok"]
+        results[threshold] = v3["counts"]
+    assert results[0.1]["semantic_dedup"] == 4 and results[0.1]["probed_live"] == 0
+    assert results[0.3]["probed_live"] == 6 and results[0.3]["without_embedding"] == 1
+    assert results[0.3]["semantic_dedup"] == 4
+    assert results[0.0]["semantic_dedup"] == results[0.0]["exact_dedup"] == 7
+
+
 def test_deleting_log_rows_deletes_their_edges_and_marks(conn):
     _tenant, _route, _other, ids = _traffic(conn)
     embed_and_link(conn, encoder(), radius=RADIUS, neighbours=K)

@@ -403,6 +403,106 @@ def test_snapshot_is_immutable(conn, world):
     }
 
 
+def _draft(conn: Any, tenant: dict[str, Any], route: dict[str, Any]) -> str:
+    """An unsealed snapshot (set_hash NULL) with two examples."""
+    sid = str(uuid.uuid4())
+    conn.execute(
+        "INSERT INTO train.dataset_snapshot (id, tenant_id, route, method, query_sql)"
+        " VALUES (%s, %s, %s, 'kto', 'SELECT 1')",
+        (sid, tenant["id"], route["name"]),
+    )
+    conn.execute(
+        "INSERT INTO train.dataset_example (snapshot_id, example_hash, split, log_ids, example)"
+        " VALUES (%s, '\\x01', 'train', '{1}', '{}'), (%s, '\\x02', 'eval', '{2}', '{}')",
+        (sid, sid),
+    )
+    return sid
+
+
+def test_examples_still_reference_an_existing_snapshot(conn, world):
+    tenant, route = world
+    fk = psycopg.errors.ForeignKeyViolation
+    examples = "SELECT count(*) AS n FROM train.dataset_example WHERE snapshot_id = %s"
+    # No declared foreign key any more (it cost a query per example): the triggers refuse
+    # what it refused, for single rows and whole statements alike.
+    with pytest.raises(fk):
+        conn.execute(
+            "INSERT INTO train.dataset_example (snapshot_id, example_hash, split, log_ids, example)"
+            " VALUES (%s, '\\x00', 'train', '{1}', '{}')",
+            (str(uuid.uuid4()),),
+        )
+    sid = _draft(conn, tenant, route)
+    with pytest.raises(fk):
+        conn.execute(
+            "INSERT INTO train.dataset_example (snapshot_id, example_hash, split, log_ids, example)"
+            " SELECT CASE WHEN i = 4 THEN gen_random_uuid() ELSE %s END, int4send(i), 'train',"
+            " '{1}', '{}' FROM generate_series(3, 5) i",
+            (sid,),
+        )
+    assert conn.execute(examples, (sid,)).fetchone()["n"] == 2
+    with pytest.raises(fk):
+        conn.execute(
+            "UPDATE train.dataset_example SET snapshot_id = gen_random_uuid() WHERE snapshot_id = %s",
+            (sid,),
+        )
+    with pytest.raises(fk):
+        conn.execute(
+            "UPDATE train.dataset_snapshot SET id = gen_random_uuid() WHERE id = %s", (sid,)
+        )
+    other = _draft(conn, tenant, route)
+    # Deleting a draft deletes its examples (ON DELETE CASCADE, as before), and only its own.
+    conn.execute("DELETE FROM train.dataset_snapshot WHERE id = %s", (sid,))
+    assert conn.execute(examples, (sid,)).fetchone()["n"] == 0
+    assert conn.execute(examples, (other,)).fetchone()["n"] == 2
+    # A sealed snapshot still cannot be deleted, nor can its examples.
+    _some_traffic(conn, tenant, route, 4)
+    snap = _snapshot(conn, tenant, route, "kto")
+    refused = psycopg.errors.ObjectNotInPrerequisiteState
+    with pytest.raises(refused):
+        conn.execute("DELETE FROM train.dataset_snapshot WHERE id = %s", (snap["id"],))
+    with pytest.raises(refused):
+        conn.execute("DELETE FROM train.dataset_example WHERE snapshot_id = %s", (snap["id"],))
+    assert conn.execute(examples, (snap["id"],)).fetchone()["n"] == 4
+    fks = conn.execute(
+        "SELECT count(*) AS n FROM pg_constraint WHERE conrelid = 'train.dataset_example'::regclass"
+        " AND contype = 'f'"
+    ).fetchone()
+    assert fks["n"] == 0
+
+
+def test_a_draft_deleted_meanwhile_refuses_the_examples(conn, world, db_url):
+    tenant, route = world
+    sid = _draft(conn, tenant, route)
+    with psycopg.connect(db_url) as writer:
+        # The writer holds the snapshot (FOR KEY SHARE, as the constraint's check did) ...
+        writer.execute(
+            "INSERT INTO train.dataset_example (snapshot_id, example_hash, split, log_ids, example)"
+            " VALUES (%s, '\\x03', 'train', '{3}', '{}')",
+            (sid,),
+        )
+        conn.execute("SET lock_timeout = '200ms'")
+        with pytest.raises(psycopg.errors.LockNotAvailable):  # ... so a delete must wait
+            conn.execute("DELETE FROM train.dataset_snapshot WHERE id = %s", (sid,))
+        conn.execute("RESET lock_timeout")
+        writer.commit()
+    conn.execute("DELETE FROM train.dataset_snapshot WHERE id = %s", (sid,))
+    left = conn.execute(
+        "SELECT count(*) AS n FROM train.dataset_example WHERE snapshot_id = %s", (sid,)
+    ).fetchone()
+    assert left["n"] == 0
+    # Deleted first, then examples: refused.
+    sid = _draft(conn, tenant, route)
+    with psycopg.connect(db_url) as deleter:
+        deleter.execute("DELETE FROM train.dataset_snapshot WHERE id = %s", (sid,))
+        deleter.commit()
+    with pytest.raises(psycopg.errors.ForeignKeyViolation):
+        conn.execute(
+            "INSERT INTO train.dataset_example (snapshot_id, example_hash, split, log_ids, example)"
+            " VALUES (%s, '\\x04', 'train', '{4}', '{}')",
+            (sid,),
+        )
+
+
 def test_rebuild_gives_identical_split_and_set_hash(conn, world):
     tenant, route = world
     _some_traffic(conn, tenant, route, 60)

@@ -36,6 +36,50 @@ def test_maintenance_pass_creates_rescues_and_drops(conn):
     assert (again.created, again.rescued, again.dropped) == ([], [], [])
 
 
+def _embedded_log(conn, tenant_id: int, created_at: str) -> int:
+    """A log row with an embedding (the insert trigger queues it for the neighbour search)."""
+    return conn.execute(  # type: ignore[no-any-return]
+        f"""INSERT INTO obs.inference_log (request_id, tenant_id, route, adapter_id, messages,
+                                          completion, embedding, created_at)
+            VALUES (gen_random_uuid(), %s, 'route', 'base', '[]', 'a',
+                    array_fill(0.1, ARRAY[384])::halfvec(384), {created_at})
+            RETURNING id""",
+        (tenant_id,),
+    ).fetchone()["id"]
+
+
+def test_maintenance_pass_prunes_neighbours_of_dropped_rows(conn):
+    t = make_tenant(conn)
+    ancient = _embedded_log(conn, t["id"], "now() - interval '400 days'")
+    # Older than the cutoff, but its week reaches past it: the partition and the row stay.
+    kept_old = _embedded_log(conn, t["id"], "obs.week_start_v1(now() - interval '90 days')")
+    recent = _embedded_log(conn, t["id"], "now() - interval '1 day'")
+    edges = [(ancient, recent), (kept_old, recent)]
+    for a, b in edges:
+        conn.execute(
+            """INSERT INTO obs.prompt_neighbour
+                 (tenant_id, route, a_id, a_created_at, b_id, b_created_at, distance)
+               SELECT %s, 'route', a.id, a.created_at, b.id, b.created_at, 0.01
+                 FROM obs.inference_log a, obs.inference_log b WHERE a.id = %s AND b.id = %s""",
+            (t["id"], a, b),
+        )
+    marks = "SELECT log_id FROM obs.prompt_neighbour_scan WHERE tenant_id = %s ORDER BY log_id"
+    assert [r["log_id"] for r in conn.execute(marks, (t["id"],))] == [ancient, kept_old, recent]
+
+    report = run_once(conn, weeks_ahead=6, retention_days=90)
+    assert report.neighbours_pruned == 2  # the ancient row's mark and its edge
+    assert [r["log_id"] for r in conn.execute(marks, (t["id"],))] == [kept_old, recent]
+    left = conn.execute(
+        "SELECT a_id, b_id FROM obs.prompt_neighbour WHERE tenant_id = %s", (t["id"],)
+    ).fetchall()
+    assert [(r["a_id"], r["b_id"]) for r in left] == [(kept_old, recent)]
+    live = conn.execute(
+        "SELECT count(*) AS n FROM obs.inference_log WHERE id = ANY(%s)", ([kept_old, recent],)
+    ).fetchone()["n"]
+    assert live == 2
+    assert run_once(conn, weeks_ahead=6, retention_days=90).neighbours_pruned == 0
+
+
 @pytest.fixture(scope="module")
 def s3_url() -> Iterator[str]:
     from moto.server import ThreadedMotoServer

@@ -40,10 +40,11 @@ def run(args: argparse.Namespace) -> int:
                 retention_days=settings.log_retention_days,
             )
         log.info(
-            "partitions created=%s rescued-from-default=%s dropped=%s",
+            "partitions created=%s rescued-from-default=%s dropped=%s neighbour-rows-pruned=%d",
             report.created,
             report.rescued,
             report.dropped,
+            report.neighbours_pruned,
         )
         try:
             with connect(url, autocommit=True) as conn:

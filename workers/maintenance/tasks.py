@@ -19,10 +19,24 @@ class MaintenanceReport:
     created: list[str] = field(default_factory=list)
     rescued: list[str] = field(default_factory=list)
     dropped: list[str] = field(default_factory=list)
+    neighbours_pruned: int = 0
+
+
+# Everything older than this is gone from obs.inference_log after drop_partitions_v1: the
+# retention cutoff, or earlier when the oldest remaining partition starts before it (a partition
+# is dropped only when its whole week is past the cutoff, so its older rows stay).
+_PRUNE_NEIGHBOURS_SQL = """
+SELECT obs.prune_prompt_neighbours_v1(least(
+         now() - %s::interval,
+         (SELECT min(from_at) FROM obs.inference_log_partition))) AS n
+"""
 
 
 def run_once(conn: Connection, *, weeks_ahead: int, retention_days: int) -> MaintenanceReport:
-    """Create partitions ahead, give DEFAULT's rows partitions, drop those past retention."""
+    """Create partitions ahead, give DEFAULT's rows partitions, drop those past retention.
+
+    Dropping a partition fires no trigger, so the near-duplicate marks and edges of its rows
+    (obs.prompt_neighbour_scan / obs.prompt_neighbour) are pruned in the same transaction."""
     keep = f"{int(retention_days)} days"
     report = MaintenanceReport()
     with conn.transaction():
@@ -34,6 +48,8 @@ def run_once(conn: Connection, *, weeks_ahead: int, retention_days: int) -> Main
     with conn.transaction():
         rows = conn.execute("SELECT * FROM obs.drop_partitions_v1(%s::interval)", (keep,))
         report.dropped = [next(iter(r.values())) for r in rows]
+        pruned = conn.execute(_PRUNE_NEIGHBOURS_SQL, (keep,)).fetchone()
+        report.neighbours_pruned = int(next(iter(pruned.values()))) if pruned else 0
     return report
 
 
