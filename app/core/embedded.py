@@ -76,8 +76,22 @@ def stop(pgdata: Path, *, mode: str = "fast") -> bool:
 
     if not status(pgdata).running:
         return False
+    if _server_user() is not None:
+        _reopen_parents(pgdata)
     pg_ctl(["-w", "-m", mode, "stop"], pgdata=pgdata, user=_server_user(), timeout=60)
     return True
+
+
+def _reopen_parents(pgdata: Path) -> None:
+    """Let the server's user traverse to pgdata again (as at start: g+x,o+x on each parent).
+
+    Run as root, the server belongs to another user; a parent closed since start (pytest, for
+    one, resets its temp root to 0700 whenever another session starts) would make pg_ctl fail.
+    """
+    for parent in pgdata.resolve().parents:
+        mode = parent.stat().st_mode
+        if mode & 0o011 != 0o011:
+            parent.chmod(mode | 0o011)
 
 
 def psql_path() -> Path:
