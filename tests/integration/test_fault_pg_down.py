@@ -99,7 +99,12 @@ def test_acknowledged_batches_survive_a_postgres_stop_exactly_once(
         assert len(acked) > 0, other
         assert embedded.stop(pgdata, mode="fast")
         before = len(acked)  # counted once the server is down: stopping takes a while
+        # Stay down until the API has answered 503 (a request may first wait up to the pool's
+        # 10 s timeout on a loaded machine), at most 20 s.
+        down_until = time.monotonic() + 20
         time.sleep(3)
+        while not unavailable and time.monotonic() < down_until:
+            time.sleep(0.2)
         down_acks = len(acked) - before
         restart(pgdata, url)
         restarted = len(acked)
