@@ -10,6 +10,7 @@ record for the batched writer, off the client's latency path.
 from __future__ import annotations
 
 import asyncio
+import inspect
 import logging
 import os
 import time
@@ -22,8 +23,9 @@ import orjson
 import psycopg
 from fastapi import APIRouter, Depends, Request, Response
 from fastapi.responses import StreamingResponse
+from fastapi.routing import APIRoute
 from psycopg_pool import PoolTimeout
-from starlette.types import Receive, Scope, Send
+from starlette.types import ASGIApp, Receive, Scope, Send
 
 from app.core.auth import ApiKey, IngestKey, TenantConn, lookup
 from app.core.errors import BadRequest, Forbidden, NotFound, Unauthorized, Unavailable
@@ -277,7 +279,7 @@ async def proxy(request: Request, key: ApiKey, kind: str) -> Response:
         raise Unavailable("this server has no inference engine configured (set CFT_ENGINE_URLS)")
     body = _parse(await request.body())
     route_name = _route_name(request, body)
-    fresh, state = runtime.table.peek(route_name)
+    fresh, state = runtime.table.lookup(route_name)
     if not fresh:
         try:
             state = await asyncio.to_thread(runtime.table.get, route_name)
@@ -300,7 +302,7 @@ async def proxy(request: Request, key: ApiKey, kind: str) -> Response:
         messages = [{"role": "user", "content": prompt}]
 
     rid_header = _header(request, b"x-request-id")
-    request_id = uuid.UUID(rid_header) if _is_uuid(rid_header) else _ids.next()
+    request_id = str(uuid.UUID(rid_header) if _is_uuid(rid_header) else _ids.next())
     upstream_body = dict(body)
     upstream_body.pop("user", None)
     stream = bool(body.get("stream"))
@@ -310,7 +312,7 @@ async def proxy(request: Request, key: ApiKey, kind: str) -> Response:
     path = "/v1/chat/completions" if kind == "chat" else "/v1/completions"
     record: dict[str, Any] = {
         "_tenant_id": key.tenant_id,
-        "request_id": str(request_id),
+        "request_id": request_id,
         "route": route_name,
         "model": state.base_model,
         "messages": messages,
@@ -324,7 +326,7 @@ async def proxy(request: Request, key: ApiKey, kind: str) -> Response:
         record |= {"status": "error", "completion": None, "adapter_id": assignment.adapter_id}
         writer.submit(record)
         child(ROUTER_REQUESTS, route_name, assignment.adapter_id or state.base_model, "error").inc()
-        exc.headers["X-Request-Id"] = str(request_id)
+        exc.headers["X-Request-Id"] = request_id
         raise
     # A call that fell back did not get its arm's model: it belongs to no arm of the experiment.
     variant = assignment.variant if why is None else None
@@ -335,7 +337,7 @@ async def proxy(request: Request, key: ApiKey, kind: str) -> Response:
         "experiment": assignment.experiment if state.canaries else None,
         "variant": variant if state.canaries else None,
     }
-    headers = {"X-Request-Id": str(request_id), "X-Cft-Adapter": model}
+    headers = {"X-Request-Id": request_id, "X-Cft-Adapter": model}
     if variant:
         headers["X-Cft-Variant"] = variant
     if why:
@@ -518,3 +520,57 @@ def list_models(key: IngestKey, conn: TenantConn) -> dict[str, Any]:
         for r in rows
     ]
     return {"object": "list", "data": data}
+
+
+# The two hot routes, by path: (kind, the declared route).
+_FAST = {
+    route.path: ("chat" if route.endpoint is chat_completions else "completions", route)
+    for route in router.routes
+    if isinstance(route, APIRoute) and route.endpoint in (chat_completions, completions)
+}
+
+
+class GatewayFastPath:
+    """Dispatch POST /v1/chat/completions and /v1/completions straight to their handler.
+
+    FastAPI's per-call routing, dependency solving and exception wrapping cost about as much
+    CPU as the gateway itself (BENCHMARKS.md, Router). This runs the same two steps as the
+    declared routes, `client_key` (their dependency) and then `proxy`, and maps errors through
+    the app's own exception handlers. The routes stay declared on `router` (OpenAPI, the role
+    sweep); every other request goes on to the app unchanged.
+    """
+
+    def __init__(self, app: ASGIApp) -> None:
+        self.app = app
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        fast = (
+            _FAST.get(scope["path"])
+            if scope["type"] == "http" and scope["method"] == "POST" and not scope.get("root_path")
+            else None
+        )
+        if fast is None:
+            await self.app(scope, receive, send)
+            return
+        kind, route = fast
+        scope["route"] = route  # as FastAPI sets it (the metrics middleware reads its path)
+        request = Request(scope, receive)
+        try:
+            response = await proxy(request, await client_key(request), kind)
+        except Exception as exc:
+            handler = _exception_handler(scope["app"], exc)
+            if handler is None:
+                raise
+            response = handler(request, exc)
+            if inspect.isawaitable(response):
+                response = await response
+        await response(scope, receive, send)
+
+
+def _exception_handler(app: Any, exc: Exception) -> Any:
+    """The app's handler for exc (by its class's MRO, as Starlette looks it up), or None."""
+    handlers = app.exception_handlers
+    for cls in type(exc).__mro__:
+        if cls in handlers:
+            return handlers[cls]
+    return None

@@ -46,8 +46,10 @@ class LogWriter:
         self._pending_puts: set[asyncio.Task[None]] = set()
         self.written = 0
         self.failures = 0
-        # request_id -> set once its record is written (feedback may arrive before that).
-        self._unwritten: dict[str, threading.Event] = {}
+        # request_ids queued and not yet written (feedback may arrive before the row). A set
+        # and one condition, not an Event per record: an Event costs ~15 µs on the hot path.
+        self._unwritten: set[str] = set()
+        self._written_cond = threading.Condition()
 
     def start(self) -> None:
         """Start the writer task on the running loop."""
@@ -66,15 +68,17 @@ class LogWriter:
     def _track(self, record: dict[str, Any]) -> None:
         rid = record.get("request_id")
         if rid:
-            self._unwritten[str(rid)] = threading.Event()
+            self._unwritten.add(str(rid))
 
     def wait_written(self, request_id: str, timeout: float) -> bool:
         """Block (in a worker thread) until request_id's record is written; False on timeout.
 
         Returns True at once for ids this writer never queued.
         """
-        event = self._unwritten.get(request_id)
-        return True if event is None else event.wait(timeout)
+        if request_id not in self._unwritten:
+            return True
+        with self._written_cond:
+            return self._written_cond.wait_for(lambda: request_id not in self._unwritten, timeout)
 
     def submit(self, record: dict[str, Any]) -> None:
         """Queue a record without awaiting (for cleanup code that may run while cancelled).
@@ -131,8 +135,9 @@ class LogWriter:
                     )
                     await asyncio.sleep(backoff)
                     backoff = min(backoff * 2, self._max_backoff)
-            for record in batch:
-                event = self._unwritten.pop(str(record.get("request_id")), None)
-                if event is not None:
-                    event.set()
+            with self._written_cond:
+                for record in batch:
+                    self._unwritten.discard(str(record.get("request_id")))
+                self._written_cond.notify_all()
+            for _ in batch:
                 self._queue.task_done()

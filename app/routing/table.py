@@ -65,6 +65,8 @@ class RouteTable:
         self._listener: threading.Thread | None = None
         self._conn: Connection | None = None
         self.listening = threading.Event()
+        self._refreshing: set[str] = set()
+        self._retry_at: dict[str, float] = {}
 
     def peek(self, name: str) -> tuple[bool, RouteState | None]:
         """(True, state) when the route is cached and fresh; never touches the database."""
@@ -74,11 +76,57 @@ class RouteTable:
             return True, hit[1]
         return False, None
 
+    def lookup(self, name: str) -> tuple[bool, RouteState | None]:
+        """Like peek, but a route cached longer than ttl is still served while one background
+        read refreshes it (stale-while-revalidate); never touches the database.
+
+        The TTL only covers a missed NOTIFY, and re-reading a route takes 10-30 ms (a new
+        connection): without this, every call in that window waited for its own re-read,
+        every ttl seconds. A route dropped by NOTIFY is not cached at all, so a promotion,
+        canary change or rollback still reaches the next call at once (it reads the route).
+        """
+        hit = self._cache.get(name)
+        if hit is None:
+            return False, None
+        if time.monotonic() - hit[0] >= self.ttl:
+            self._refresh_soon(name)
+        _HITS.inc()
+        return True, hit[1]
+
+    def _refresh_soon(self, name: str) -> None:
+        with self._lock:
+            if name in self._refreshing or time.monotonic() < self._retry_at.get(name, 0.0):
+                return
+            self._refreshing.add(name)
+        threading.Thread(
+            target=self._refresh, args=(name,), name="cft-route-refresh", daemon=True
+        ).start()
+
+    def _refresh(self, name: str) -> None:
+        ROUTE_CACHE.labels("miss").inc()
+        generation = self._generation
+        retry_at = 0.0
+        try:
+            with self._connection() as conn:
+                self._store(name, generation, load_route(conn, name))
+        except psycopg.Error as exc:
+            # The database is down: keep serving what we knew, and try again in a second
+            # (not on every call).
+            log.warning("route %s: refresh failed (%s); serving the cached state", name, exc)
+            retry_at = time.monotonic() + 1.0
+        finally:
+            with self._lock:
+                self._refreshing.discard(name)
+                self._retry_at[name] = retry_at
+
     def get(self, name: str) -> RouteState | None:
         """The route's state, from cache when fresh."""
         fresh, cached = self.peek(name)
         if fresh:
             return cached
+        return self._load(name)
+
+    def _load(self, name: str) -> RouteState | None:
         ROUTE_CACHE.labels("miss").inc()
         generation = self._generation
         try:
@@ -91,11 +139,14 @@ class RouteTable:
                 raise
             log.warning("route %s: database unavailable, serving the cached state", name)
             return stale[1]
+        self._store(name, generation, state)
+        return state
+
+    def _store(self, name: str, generation: int, state: RouteState | None) -> None:
         with self._lock:
             # A NOTIFY that arrived during the read may describe a newer state: don't cache.
             if generation == self._generation:
                 self._cache[name] = (time.monotonic(), state)
-        return state
 
     def invalidate(self, name: str | None = None) -> None:
         """Forget one route (or all)."""

@@ -293,3 +293,29 @@ def test_metrics_count_calls_and_time_lora_and_base_apart(setup):
     assert (
         'cft_http_requests_total{method="POST",route="/v1/chat/completions",status="200"}' in text
     )
+
+
+def test_hot_routes_keep_auth_errors_and_openapi_of_the_declared_routes(setup):
+    """The two POST routes are served by GatewayFastPath: same auth, errors and schema."""
+    with psycopg.connect(setup["db_url"], autocommit=True, row_factory=dict_row) as c:
+        reader = create_key(c, tenant_id=setup["tenant"]["id"], role="reader")
+    api, route = setup["api"], setup["route"]["name"]
+    ok = {"Authorization": f"Bearer {setup['key']}", "Content-Type": "application/json"}
+    for path in ("/v1/chat/completions", "/v1/completions"):
+        bad_json = httpx.post(api + path, content=b"{nope", headers=ok)
+        assert bad_json.status_code == 400
+        assert bad_json.json()["error"]["type"] == "invalid_request_error"
+        wrong_role = httpx.post(
+            api + path,
+            json={"model": route, "prompt": "x", "messages": [{"role": "user", "content": "x"}]},
+            headers={"Authorization": f"Bearer {reader}"},
+        )
+        assert wrong_role.status_code == 403
+        assert wrong_role.json()["error"]["type"] == "permission_error"
+        # Other methods still go through FastAPI's routing.
+        assert httpx.get(api + path, headers=ok).status_code == 405
+    no_prompt = httpx.post(api + "/v1/completions", json={"model": route}, headers=ok)
+    assert no_prompt.status_code == 400
+    assert "prompt" in no_prompt.json()["error"]["message"]
+    paths = httpx.get(api + "/openapi.json").json()["paths"]
+    assert "post" in paths["/v1/chat/completions"] and "post" in paths["/v1/completions"]

@@ -94,6 +94,26 @@ def test_route_table_converges_within_ttl_without_listener(db_url, conn):
     assert table.get(r["name"]).prod is None
 
 
+def test_route_table_lookup_serves_stale_once_while_one_read_refreshes(db_url, conn):
+    t = make_tenant(conn)
+    r = make_route(conn, tenant_id=t["id"])
+    a = make_adapter(conn, route=r, status="prod", traffic_pct=100)
+    table = RouteTable(db_url, ttl=0.3)  # no listener: only the TTL refreshes
+    assert table.lookup(r["name"]) == (False, None)  # never read: the caller reads it
+    assert table.get(r["name"]).prod == a["id"]
+    conn.execute("UPDATE serve.adapter SET status='retired', traffic_pct=0 WHERE id=%s", (a["id"],))
+    time.sleep(0.35)
+    cached, state = table.lookup(r["name"])  # expired: served as is, refreshed behind
+    assert cached and state is not None and state.prod == a["id"]
+    deadline = time.monotonic() + 5
+    while (state := table.lookup(r["name"])[1]) is not None and state.prod is not None:
+        assert time.monotonic() < deadline, "the background refresh never landed"
+        time.sleep(0.005)
+    assert table.peek(r["name"])[0]  # fresh again
+    table.invalidate(r["name"])  # as a NOTIFY does: no stale state is served after it
+    assert table.lookup(r["name"]) == (False, None)
+
+
 def test_without_prod_the_base_is_the_control_arm(conn):
     t = make_tenant(conn)
     r = make_route(conn, tenant_id=t["id"])
