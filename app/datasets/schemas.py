@@ -11,11 +11,9 @@ from pydantic import BaseModel, Field
 Method = Literal["sft", "kto", "dpo", "orpo", "simpo"]
 
 
-class SnapshotCreate(BaseModel):
-    """Freeze the candidates of one route into a snapshot."""
+class SnapshotWindow(BaseModel):
+    """Window, dedup and split parameters of a snapshot (also a training run's fresh snapshot)."""
 
-    route: str = Field(min_length=1, max_length=128)
-    method: Method
     since: datetime | None = Field(None, description="Window start; default until - 60 days.")
     until: datetime | None = Field(None, description="Window end (exclusive); default now.")
     dedup_threshold: float = Field(
@@ -24,6 +22,13 @@ class SnapshotCreate(BaseModel):
     eval_pct: int = Field(10, ge=0, le=100, description="Share of examples in the eval split.")
     neighbours: int = Field(10, ge=1, le=1000, description="HNSW neighbours probed per example.")
     refresh: bool = Field(True, description="Refresh the candidate views first.")
+
+
+class SnapshotCreate(SnapshotWindow):
+    """Freeze the candidates of one route into a snapshot."""
+
+    route: str = Field(min_length=1, max_length=128)
+    method: Method
 
 
 class SnapshotOut(BaseModel):

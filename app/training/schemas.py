@@ -8,22 +8,14 @@ from uuid import UUID
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
+from app.datasets import schemas as dataset_schemas
 from workers.trainer.hyperparams import Hyperparameters, Method
 
 
-class FreshSnapshot(BaseModel):
+class FreshSnapshot(dataset_schemas.SnapshotWindow):
     """Freeze a new snapshot of the run's route and method when the run is queued."""
 
     model_config = ConfigDict(extra="forbid")
-
-    since: datetime | None = Field(None, description="Window start; default until - 60 days.")
-    until: datetime | None = Field(None, description="Window end (exclusive); default now.")
-    dedup_threshold: float = Field(
-        0.1, ge=0, le=2, description="Cosine distance under which prompts are duplicates; 0 = off."
-    )
-    eval_pct: int = Field(10, ge=0, le=100, description="Share of examples in the eval split.")
-    neighbours: int = Field(10, ge=1, le=1000, description="HNSW neighbours probed per example.")
-    refresh: bool = Field(True, description="Refresh the candidate views first.")
 
 
 class TrainingRunCreate(BaseModel):
