@@ -53,11 +53,11 @@ SELECT gen_random_uuid(), %(tenant)s, %(route)s, 'base',
           FROM generate_series(1, 384) d)::halfvec(384),
        now() - make_interval(days => i %% 50, secs => i %% 86400)
   FROM (SELECT i,
-               CASE WHEN i <= %(k)s THEN i ELSE 1 + (i * 7919) %% %(k)s END AS src,
+               CASE WHEN i <= %(k)s THEN i ELSE 1 + (i::bigint * 7919) %% %(k)s END AS src,
                i > %(k)s AND i %% 2 = 1 AS para,
                CASE WHEN i <= %(k)s THEN 'Question number ' || i || ' about the product'
-                    WHEN i %% 2 = 0 THEN 'QUESTION NUMBER ' || (1 + (i * 7919) %% %(k)s) || ' about  the product'
-                    ELSE 'Question ' || (1 + (i * 7919) %% %(k)s) || ', asked again in other words (' || i || ')'
+                    WHEN i %% 2 = 0 THEN 'QUESTION NUMBER ' || (1 + (i::bigint * 7919) %% %(k)s) || ' about  the product'
+                    ELSE 'Question ' || (1 + (i::bigint * 7919) %% %(k)s) || ', asked again in other words (' || i || ')'
                END AS txt
           FROM generate_series(1, %(n)s) i) s
   JOIN base b ON b.k = s.src;
@@ -146,7 +146,8 @@ def main() -> int:
                 "fsync": "off",
                 "synchronous_commit": "off",
                 "full_page_writes": "off",
-                "maintenance_work_mem": "1GB",
+                # An HNSW build is fast only while its graph fits here (~1.2 KB a row).
+                "maintenance_work_mem": "4GB" if args.rows > 400_000 else "1GB",
                 "max_parallel_maintenance_workers": "2",
                 "work_mem": "64MB",
             },
@@ -169,6 +170,7 @@ def run(url: str, args: argparse.Namespace) -> int:
             p = {"tenant": tenant, "route": route}
             total = conn.execute("SELECT count(*) AS n FROM obs.inference_log").fetchone()["n"]
             print(f"reusing {total} log rows (setup skipped)", flush=True)
+            finish_setup(conn, url, args)
         else:
             tenant = setup(conn, url, args, route)
             p = {"tenant": tenant, "route": route}
@@ -198,6 +200,17 @@ def setup(conn: psycopg.Connection, url: str, args: argparse.Namespace, route: s
         f"loaded {total} log rows with embeddings in {time.perf_counter() - t:.1f} s",
         flush=True,
     )
+    build_index(conn)
+    if args.link_candidates_only:
+        # A row no view can use is never a snapshot candidate; its own search only yields edges
+        # with itself as one end, so the edges between candidates are the same without it.
+        n = conn.execute(UNQUEUE_NON_CANDIDATES).rowcount
+        print(f"neighbour search limited to candidate rows ({n} others unqueued)", flush=True)
+    link_and_refresh(conn, url, args)
+    return tenant
+
+
+def build_index(conn: psycopg.Connection) -> None:
     t = time.perf_counter()
     conn.execute(
         "CREATE INDEX inference_log_embedding_idx ON obs.inference_log USING hnsw (embedding halfvec_cosine_ops)"
@@ -205,11 +218,25 @@ def setup(conn: psycopg.Connection, url: str, args: argparse.Namespace, route: s
     conn.execute("VACUUM ANALYZE obs.inference_log")
     print(f"HNSW index built in {time.perf_counter() - t:.1f} s", flush=True)
 
-    if args.link_candidates_only:
-        # A row no view can use is never a snapshot candidate; its own search only yields edges
-        # with itself as one end, so the edges between candidates are the same without it.
-        n = conn.execute(UNQUEUE_NON_CANDIDATES).rowcount
-        print(f"neighbour search limited to candidate rows ({n} others unqueued)", flush=True)
+
+def finish_setup(conn: psycopg.Connection, url: str, args: argparse.Namespace) -> None:
+    """An interrupted setup (--pgdata) goes on where it stopped: index, then the queue."""
+    if not conn.execute(
+        "SELECT 1 FROM pg_indexes WHERE schemaname = 'obs'"
+        " AND indexname = 'inference_log_embedding_idx'"
+    ).fetchone():
+        build_index(conn)
+    pending = conn.execute(
+        "SELECT count(*) AS n FROM obs.prompt_neighbour_scan WHERE radius IS NULL"
+    ).fetchone()["n"]
+    if pending and args.link_candidates_only:
+        pending -= conn.execute(UNQUEUE_NON_CANDIDATES).rowcount
+    if pending:
+        print(f"{pending} rows still queued for the neighbour search", flush=True)
+        link_and_refresh(conn, url, args)
+
+
+def link_and_refresh(conn: psycopg.Connection, url: str, args: argparse.Namespace) -> None:
     t = time.perf_counter()
     linked = link_all(url, args)
     t_link = time.perf_counter() - t
@@ -226,7 +253,6 @@ def setup(conn: psycopg.Connection, url: str, args: argparse.Namespace, route: s
     datasets.refresh_candidates(conn)
     conn.execute("ANALYZE train.kto_candidate_v1, train.pair_candidate_v1")
     print(f"candidate views refreshed in {time.perf_counter() - t:.1f} s", flush=True)
-    return tenant
 
 
 def run_snapshots(

@@ -24,7 +24,7 @@ SPLITS = ("train", "eval")
 DEFAULT_DEDUP_THRESHOLD = 0.1
 DEFAULT_EVAL_PCT = 10
 DEFAULT_NEIGHBOURS = 10
-SNAPSHOT_FUNCTION = "train.create_snapshot_v3"
+SNAPSHOT_FUNCTION = "train.create_snapshot_v4"
 
 _SNAPSHOT_COLUMNS = (
     "id, tenant_id, route, method, query_sql, params, counts, n_train, n_eval, set_hash,"
@@ -34,7 +34,7 @@ _SNAPSHOT_COLUMNS = (
 
 def refresh_candidates(conn: Connection) -> None:
     """Refresh the candidate materialised views (CONCURRENTLY: readers are not blocked)."""
-    conn.execute("SELECT train.refresh_dataset_candidates_v1()")
+    conn.execute("SELECT train.refresh_dataset_candidates_v2()")
 
 
 def create_snapshot(

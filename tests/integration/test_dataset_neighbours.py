@@ -219,11 +219,11 @@ def test_rows_not_searched_fall_back_to_live_probes(conn):
     assert wide["counts"]["searched_rows"] == 0
 
 
-def _v2_and_v3(conn: Any, tenant: dict[str, Any], route: dict[str, Any], **kw: Any) -> list[Any]:
-    """The same snapshot through create_snapshot_v2 and _v3 (one until for both)."""
+def _versions(conn: Any, tenant: dict[str, Any], route: dict[str, Any], **kw: Any) -> list[Any]:
+    """The same snapshot through create_snapshot_v2, _v3 and _v4 (one until for all)."""
     until = datetime.now(UTC) + timedelta(seconds=1)
     out = []
-    for version in ("v2", "v3"):
+    for version in ("v2", "v3", "v4"):
         out.append(
             conn.execute(
                 f"SELECT * FROM train.create_snapshot_{version}(%s, %s, %s, p_until => %s,"
@@ -251,7 +251,7 @@ def _counts_add_up(snap: Any) -> None:
     }
 
 
-def test_v3_builds_the_same_snapshot_as_v2(conn):
+def test_v3_and_v4_build_the_same_snapshot_as_v2(conn):
     tenant, route, _other, _ids = _traffic(conn)
     embed_and_link(conn, encoder(), radius=RADIUS, neighbours=K)
     # An exact duplicate of the best paraphrase and a row with no embedding join in.
@@ -269,15 +269,16 @@ def test_v3_builds_the_same_snapshot_as_v2(conn):
     # no semantic dedup at all.
     results = {}
     for threshold in (0.1, 0.3, 0.0):
-        v2, v3 = _v2_and_v3(conn, tenant, route, threshold=threshold)
-        assert {f: v3[f] for f in fields} == {f: v2[f] for f in fields}, threshold
-        _counts_add_up(v3)
+        v2, *newer = _versions(conn, tenant, route, threshold=threshold)
         hashes = "SELECT example_hash, split FROM train.dataset_example WHERE snapshot_id = %s"
-        assert sorted(conn.execute(hashes, (v3["id"],)).fetchall(), key=str) == sorted(
-            conn.execute(hashes, (v2["id"],)).fetchall(), key=str
-        )
-        assert datasets.verify_snapshot(conn, snapshot_id=v3["id"])["set_hash_ok"]
-        results[threshold] = v3["counts"]
+        for snap in newer:
+            assert {f: snap[f] for f in fields} == {f: v2[f] for f in fields}, threshold
+            _counts_add_up(snap)
+            assert sorted(conn.execute(hashes, (snap["id"],)).fetchall(), key=str) == sorted(
+                conn.execute(hashes, (v2["id"],)).fetchall(), key=str
+            )
+            assert datasets.verify_snapshot(conn, snapshot_id=snap["id"])["set_hash_ok"]
+        results[threshold] = newer[-1]["counts"]
     assert results[0.1]["semantic_dedup"] == 4 and results[0.1]["probed_live"] == 0
     assert results[0.3]["probed_live"] == 6 and results[0.3]["without_embedding"] == 1
     assert results[0.3]["semantic_dedup"] == 4

@@ -4,6 +4,8 @@ dedup, frozen snapshots, TRL-format exports."""
 from __future__ import annotations
 
 import json
+import threading
+import time
 import uuid
 from datetime import UTC, datetime, timedelta
 from typing import Any
@@ -15,9 +17,10 @@ from psycopg.rows import dict_row
 
 from app.core.auth import create_key
 from app.core.config import Settings
-from app.core.db import as_tenant
+from app.core.db import as_tenant, downgrade, migrate
 from app.datasets import service as datasets
 from app.main import create_app
+from tests.support import db as testdb
 from tests.support.embeddings import encoder
 from tests.support.factories import make_log, make_route, make_tenant
 from tests.support.servers import serve_app
@@ -110,6 +113,103 @@ def test_pii_flag_set_after_refresh_is_rechecked_live(conn, world):
     conn.execute("UPDATE obs.inference_log SET pii_flags = 4 WHERE id = %s", (row["id"],))
     snap = _snapshot(conn, tenant, route, "kto", refresh=False)
     assert snap["counts"]["live_ok"] == 0
+
+
+def _markers(conn: Any) -> list[int]:
+    return [r["log_id"] for r in conn.execute("SELECT log_id FROM obs.deleted_log ORDER BY 1")]
+
+
+def test_rows_deleted_after_refresh_are_skipped_by_their_markers(conn, world):
+    tenant, route = world
+    keep = log(conn, tenant, route, messages=_user("kept"), completion="a", fb_explicit=1)
+    gone = log(conn, tenant, route, messages=_user("deleted"), completion="b", fb_explicit=1)
+    rej, cho = _regen(conn, tenant, route, "chosen deleted")
+    datasets.refresh_candidates(conn)
+    conn.execute("DELETE FROM obs.inference_log WHERE id = ANY(%s)", ([gone["id"], cho["id"]],))
+    assert _markers(conn) == sorted([gone["id"], cho["id"]])
+    # The views still hold both rows; the snapshots skip them.
+    kto = _snapshot(conn, tenant, route, "kto", refresh=False, dedup_threshold=0)
+    assert kto["counts"]["view_rows"] == 2 and kto["counts"]["live_ok"] == 1
+    assert [e["prompt"][-1]["content"] for e in _examples(conn, kto)] == ["kept"]
+    dpo = _snapshot(conn, tenant, route, "dpo", refresh=False, dedup_threshold=0)
+    assert dpo["counts"]["view_rows"] == 1 and dpo["counts"]["live_ok"] == 0
+    # A refresh drops the rows from the views and the markers it accounted for.
+    datasets.refresh_candidates(conn)
+    assert _markers(conn) == []
+    kto = _snapshot(conn, tenant, route, "kto", refresh=False, dedup_threshold=0)
+    assert kto["counts"]["view_rows"] == kto["counts"]["live_ok"] == 1
+    assert kto["n_train"] + kto["n_eval"] == 1 and keep["id"] != rej["id"]
+
+
+def test_rows_of_a_dropped_partition_are_skipped(conn, world):
+    tenant, route = world
+    now = datetime.now(UTC)
+    log(
+        conn,
+        tenant,
+        route,
+        messages=_user("old"),
+        fb_explicit=1,
+        created_at=now - timedelta(days=20),
+    )
+    log(
+        conn,
+        tenant,
+        route,
+        messages=_user("new"),
+        fb_explicit=1,
+        created_at=now - timedelta(days=2),
+    )
+    datasets.refresh_candidates(conn)
+    # What dropping the old rows' partition does: they are gone and no trigger fires.
+    conn.execute("SET session_replication_role = replica")
+    conn.execute(
+        "DELETE FROM obs.inference_log WHERE route = %s AND created_at < %s",
+        (route["name"], now - timedelta(days=10)),
+    )
+    conn.execute("RESET session_replication_role")
+    assert _markers(conn) == []
+    snap = _snapshot(conn, tenant, route, "kto", refresh=False, dedup_threshold=0)
+    assert snap["counts"]["in_window"] == 2 and snap["counts"]["live_ok"] == 1
+    assert [e["prompt"][-1]["content"] for e in _examples(conn, snap)] == ["new"]
+    assert snap["params"]["oldest_log_row"] is not None
+
+
+def test_a_delete_committed_while_a_refresh_runs_keeps_its_marker(conn, world, db_url):
+    """The refresh began before the delete committed, so the view may still hold the row:
+    its marker must outlive that refresh."""
+    tenant, route = world
+    row = log(conn, tenant, route, messages=_user("q"), completion="a", fb_explicit=1)
+    datasets.refresh_candidates(conn)
+    with psycopg.connect(db_url) as blocker, psycopg.connect(db_url, autocommit=True) as refresher:
+        # The last view the refresh takes is held by another refresh: it refreshes the KTO
+        # view, then waits.
+        blocker.execute("REFRESH MATERIALIZED VIEW CONCURRENTLY train.pair_candidate_v1")
+        pid = refresher.execute("SELECT pg_backend_pid()").fetchone()[0]
+        done = threading.Event()
+        worker = threading.Thread(
+            target=lambda: (datasets.refresh_candidates(refresher), done.set()), daemon=True
+        )
+        worker.start()
+        for _ in range(200):
+            waiting = conn.execute(
+                "SELECT wait_event_type = 'Lock' AS w FROM pg_stat_activity WHERE pid = %s",
+                (pid,),
+            ).fetchone()
+            if waiting and waiting["w"]:
+                break
+            time.sleep(0.05)
+        else:
+            pytest.fail("the refresh never reached the locked view")
+        conn.execute("DELETE FROM obs.inference_log WHERE id = %s", (row["id"],))
+        blocker.rollback()
+        worker.join(30)
+        assert done.is_set()
+    assert _markers(conn) == [row["id"]]
+    snap = _snapshot(conn, tenant, route, "kto", refresh=False, dedup_threshold=0)
+    assert snap["counts"]["view_rows"] == 1 and snap["counts"]["live_ok"] == 0
+    datasets.refresh_candidates(conn)
+    assert _markers(conn) == []
 
 
 def _regen(conn, tenant, route, prompt, *, rej_tokens=10, cho_tokens=10, **child):
@@ -637,3 +737,29 @@ def test_small_snapshot_still_has_one_eval_example_and_verifies(conn, world):
     assert ev(snap) == ev(again)
     none = _snapshot(conn, tenant, route, "kto", dedup_threshold=0, eval_pct=0)
     assert none["n_eval"] == 0
+
+
+def test_migration_0013_down_and_up_again(pg_server):
+    name = f"mig_{uuid.uuid4().hex[:8]}"
+    with psycopg.connect(pg_server, autocommit=True) as c:
+        c.execute(f'CREATE DATABASE "{name}"')
+    url = testdb.with_database(pg_server, name)
+    query = (
+        "SELECT to_regclass('obs.deleted_log') IS NOT NULL,"
+        " to_regprocedure('train.create_snapshot_v4(int, text, text, timestamptz, timestamptz,"
+        " double precision, int, int, text)') IS NOT NULL,"
+        " to_regclass('train.dataset_example_log_ids_idx') IS NOT NULL,"
+        " (SELECT count(*) FROM pg_trigger WHERE tgname LIKE 'inference_log_%marked' AND tgparentid = 0)"
+    )
+    try:
+        migrate(url)
+        with psycopg.connect(url) as c:
+            assert c.execute(query).fetchone() == (True, True, False, 2)
+        downgrade(url, "0012")
+        with psycopg.connect(url) as c:
+            assert c.execute(query).fetchone() == (False, False, True, 0)
+        migrate(url)
+        with psycopg.connect(url) as c:
+            assert c.execute(query).fetchone() == (True, True, False, 2)
+    finally:
+        testdb.drop(pg_server, url)
