@@ -6,8 +6,9 @@
 -- for preference pairs one more probe per chosen row. Here a candidate is live when
 --   * its tenant still consents to training (as before);
 --   * neither its row nor its chosen row has a marker in obs.deleted_log (left by a DELETE or
---     a PII flag since the last refresh; schema/deleted_log_v1.sql): an anti-join with a table
---     that is empty after each refresh;
+--     a PII flag since the last refresh; schema/deleted_log_v1.sql) while that row is gone or
+--     PII: an anti-join with a table that is empty after each refresh, and a probe of the log
+--     for the marked rows alone;
 --   * it is not older than the route's oldest log row (rows of dropped partitions fire no
 --     trigger): one index probe per partition.
 -- "Has an embedding" is read from obs.prompt_neighbour_scan, which holds a row for exactly the
@@ -111,7 +112,10 @@ BEGIN
     v_live := $e$
          AND c.chosen_created_at >= $5
          AND NOT EXISTS (SELECT 1 FROM obs.deleted_log d
-                          WHERE d.log_id = c.chosen_log_id AND d.created_at = c.chosen_created_at)$e$;
+                          WHERE d.log_id = c.chosen_log_id AND d.created_at = c.chosen_created_at
+                            AND NOT EXISTS (SELECT 1 FROM obs.inference_log x
+                                             WHERE x.id = d.log_id AND x.created_at = d.created_at
+                                               AND x.pii_flags = 0))$e$;
     v_signal := '(n.fb_regen OR n.fb_edited)';
   ELSE
     RAISE EXCEPTION 'unknown method %: choose sft, kto, dpo, orpo or simpo', p_method
@@ -129,7 +133,10 @@ BEGIN
   v_sql := format($q$SELECT c.prompt_log_id, c.prompt_created_at, c.log_ids, c.rating, c.created_at,
        (coalesce(t.consent_training, false) AND c.prompt_created_at >= $5
         AND NOT EXISTS (SELECT 1 FROM obs.deleted_log d
-                         WHERE d.log_id = c.prompt_log_id AND d.created_at = c.prompt_created_at)%s
+                         WHERE d.log_id = c.prompt_log_id AND d.created_at = c.prompt_created_at
+                           AND NOT EXISTS (SELECT 1 FROM obs.inference_log x
+                                            WHERE x.id = d.log_id AND x.created_at = d.created_at
+                                              AND x.pii_flags = 0))%s
        ) AS live_ok,
        s.log_id IS NOT NULL AS has_embedding,
        s.radius AS neighbour_radius,

@@ -21,24 +21,26 @@ CREATE TABLE obs.deleted_log (
 COMMENT ON TABLE obs.deleted_log IS
   'Log rows deleted or PII-flagged since the candidate views were refreshed (ids only).';
 
+-- Row-level, so that it is cloned to every partition: a DELETE aimed at one partition (the
+-- maintenance's cleanup of DEFAULT, an operator's) is marked too. A marker may outlive its
+-- reason (a row moved out of DEFAULT into a new partition is deleted there first, a deleted
+-- row may be logged again): a snapshot skips a marked candidate only if its log row is
+-- really gone or PII, which it checks for the marked rows alone.
 CREATE OR REPLACE FUNCTION obs.deleted_log_record_v1() RETURNS trigger
 LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, public AS $$
+DECLARE
+  v_row obs.inference_log := CASE TG_OP WHEN 'DELETE' THEN OLD ELSE NEW END;
 BEGIN
-  IF TG_LEVEL = 'ROW' THEN  -- UPDATE OF pii_flags: the row just became PII (the WHEN clause)
-    INSERT INTO obs.deleted_log (log_id, created_at) VALUES (NEW.id, NEW.created_at)
-    ON CONFLICT (log_id, created_at) DO UPDATE SET xid = excluded.xid;
-    RETURN NULL;
-  END IF;
-  INSERT INTO obs.deleted_log (log_id, created_at)
-  SELECT id, created_at FROM old_rows
+  -- UPDATE: OF pii_flags, when the row just became PII (the WHEN clause)
+  INSERT INTO obs.deleted_log (log_id, created_at) VALUES (v_row.id, v_row.created_at)
   ON CONFLICT (log_id, created_at) DO UPDATE SET xid = excluded.xid;
   RETURN NULL;
 END
 $$;
 
 CREATE TRIGGER inference_log_deleted_marked
-  AFTER DELETE ON obs.inference_log REFERENCING OLD TABLE AS old_rows
-  FOR EACH STATEMENT EXECUTE FUNCTION obs.deleted_log_record_v1();
+  AFTER DELETE ON obs.inference_log
+  FOR EACH ROW EXECUTE FUNCTION obs.deleted_log_record_v1();
 CREATE TRIGGER inference_log_pii_marked
   AFTER UPDATE OF pii_flags ON obs.inference_log
   FOR EACH ROW WHEN (NEW.pii_flags <> 0 AND OLD.pii_flags = 0)

@@ -133,6 +133,13 @@ def test_rows_deleted_after_refresh_are_skipped_by_their_markers(conn, world):
     assert [e["prompt"][-1]["content"] for e in _examples(conn, kto)] == ["kept"]
     dpo = _snapshot(conn, tenant, route, "dpo", refresh=False, dedup_threshold=0)
     assert dpo["counts"]["view_rows"] == 1 and dpo["counts"]["live_ok"] == 0
+    # A marker whose row exists again (moved to a new partition, logged again) skips nothing.
+    conn.execute(
+        "INSERT INTO obs.deleted_log (log_id, created_at) VALUES (%s, %s)",
+        (keep["id"], keep["created_at"]),
+    )
+    again = _snapshot(conn, tenant, route, "kto", refresh=False, dedup_threshold=0)
+    assert again["counts"]["live_ok"] == 1
     # A refresh drops the rows from the views and the markers it accounted for.
     datasets.refresh_candidates(conn)
     assert _markers(conn) == []

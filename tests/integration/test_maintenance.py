@@ -31,6 +31,9 @@ def test_maintenance_pass_creates_rescues_and_drops(conn):
         "SELECT count(*) AS n FROM obs.inference_log WHERE id = %s", (ancient["id"],)
     )
     assert gone.fetchone()["n"] == 0
+    # The row deleted from DEFAULT leaves a marker for the snapshots (stale candidate views).
+    markers = conn.execute("SELECT log_id FROM obs.deleted_log").fetchall()
+    assert ancient["id"] in [r["log_id"] for r in markers]
     # A second pass has nothing to do.
     again = run_once(conn, weeks_ahead=6, retention_days=90)
     assert (again.created, again.rescued, again.dropped) == ([], [], [])
