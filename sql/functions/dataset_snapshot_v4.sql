@@ -13,8 +13,8 @@
 --     trigger): one index probe per partition.
 -- "Has an embedding" is read from obs.prompt_neighbour_scan, which holds a row for exactly the
 -- log rows that got one (the same pass that reads the stored neighbours). Each candidate's
--- example and example_hash are read from the view (views/dataset_candidates_v2.sql builds them
--- at refresh with v3's expressions) instead of being built and hashed here.
+-- example_hash is read from the view (views/dataset_candidates_v2.sql computes it at refresh
+-- from the same example expression) instead of being computed here.
 CREATE OR REPLACE FUNCTION train.create_snapshot_v4(
   p_tenant_id       int,
   p_route           text,
@@ -42,6 +42,7 @@ DECLARE
   v_since   timestamptz := coalesce(p_since, coalesce(p_until, now()) - interval '60 days');
   v_id      uuid := uuidv7();  -- time-ordered: the examples' primary key grows at its right edge
   v_view    text;
+  v_example text;
   v_live    text := '';
   v_losers  bigint;
   v_signal  text;
@@ -93,12 +94,23 @@ BEGIN
   CASE p_method
   WHEN 'sft' THEN
     v_view := 'train.sft_candidate_v1';
+    v_example := $e$jsonb_build_object('messages', c.prompt || jsonb_build_array(
+                    jsonb_build_object('role', 'assistant', 'content', c.completion)))$e$;
     v_signal := 'n.fb_edited';
   WHEN 'kto' THEN
     v_view := 'train.kto_candidate_v1';
+    v_example := $e$jsonb_build_object('prompt', c.prompt,
+                    'completion', jsonb_build_array(
+                      jsonb_build_object('role', 'assistant', 'content', c.completion)),
+                    'label', c.label)$e$;
     v_signal := 'n.fb_explicit <> 0';
   WHEN 'dpo', 'orpo', 'simpo' THEN
     v_view := 'train.pair_candidate_v1';
+    v_example := $e$jsonb_build_object('prompt', c.prompt,
+                    'chosen', jsonb_build_array(
+                      jsonb_build_object('role', 'assistant', 'content', c.chosen)),
+                    'rejected', jsonb_build_array(
+                      jsonb_build_object('role', 'assistant', 'content', c.rejected)))$e$;
     v_live := $e$
          AND c.chosen_created_at >= $5
          AND NOT EXISTS (SELECT 1 FROM obs.deleted_log d
@@ -119,7 +131,8 @@ BEGIN
   -- The candidate query: $1 tenant, $2 route, $3 since, $4 until, $5 the route's oldest log
   -- row (params.oldest_log_row: older candidates went with their partition). The prompt hash
   -- is the one stored when the row was embedded, computed here only for rows not searched
-  -- yet (or not embedded). Each candidate's example and its hash come from the view.
+  -- yet (or not embedded). Each candidate's example is built here, once; its hash comes from
+  -- the view.
   v_sql := format($q$SELECT c.prompt_log_id, c.prompt_created_at, c.log_ids, c.rating, c.created_at,
        (coalesce(t.consent_training, false) AND c.prompt_created_at >= $5
         AND NOT EXISTS (SELECT 1 FROM obs.deleted_log d
@@ -131,13 +144,13 @@ BEGIN
        s.log_id IS NOT NULL AS has_embedding,
        s.radius AS neighbour_radius,
        coalesce(s.prompt_hash, train.prompt_hash_v1(c.prompt)) AS prompt_hash,
-       c.example, c.example_hash
+       %s AS example, c.example_hash
   FROM %s c
   LEFT JOIN tenant t ON t.id = c.tenant_id
   LEFT JOIN obs.prompt_neighbour_scan s
     ON s.log_id = c.prompt_log_id AND s.created_at = c.prompt_created_at
  WHERE c.tenant_id = $1 AND c.route = $2 AND c.created_at >= $3 AND c.created_at < $4$q$,
-    v_live, v_view);
+    v_live, v_example, v_view);
 
   DROP TABLE IF EXISTS pg_temp.snapshot_candidate;
   SELECT min(l.created_at) INTO v_oldest FROM obs.inference_log l

@@ -1,16 +1,16 @@
 -- The candidate views of views/dataset_candidates_v1.sql (same names, same rules, same
--- columns), recreated with two more: each candidate's `example`, in the TRL format its method
--- trains on, and `example_hash` (train.example_hash_v1 of it). A snapshot used to build and
--- hash every candidate's example itself, about a third of its time; a refresh recomputes every
--- row anyway, so the example is built there once per refresh and a snapshot copies it. The
--- expressions are those of train.create_snapshot_v1..v3, so every snapshot version yields the
--- same examples and hashes. Reading a view now shows exactly what a snapshot would freeze.
+-- columns), recreated with one more: `example_hash`, train.example_hash_v1 of the example a
+-- snapshot builds from the row (the expressions of train.create_snapshot_v1..v4, in the TRL
+-- format of the view's methods). Hashing every example was a fifth of a snapshot's time; a
+-- refresh recomputes every row anyway, so the hash is computed there, once per refresh (the
+-- example itself is not kept: the rows stay narrow, and REFRESH ... CONCURRENTLY compares
+-- whole rows). verify_snapshot_v1 recomputes each stored example's hash.
 -- Refreshed CONCURRENTLY by train.refresh_dataset_candidates_v2(); each has a unique index.
 -- (The migration drops the v1 definitions first; its downgrade restores them.)
 
 -- SFT from edits: the user's corrected text is the golden completion.
 CREATE MATERIALIZED VIEW train.sft_candidate_v1 AS
-SELECT c.*, e.example, sha256(convert_to(e.example::text, 'UTF8')) AS example_hash
+SELECT c.*, sha256(convert_to(e.example::text, 'UTF8')) AS example_hash
   FROM (
   SELECT l.id                        AS prompt_log_id,
          l.created_at                AS prompt_created_at,
@@ -32,14 +32,14 @@ SELECT c.*, e.example, sha256(convert_to(e.example::text, 'UTF8')) AS example_ha
   CROSS JOIN LATERAL (
     SELECT jsonb_build_object('messages', c.prompt || jsonb_build_array(
                jsonb_build_object('role', 'assistant', 'content', c.completion))) AS example
-    OFFSET 0  -- a fence: built once, for the column and for its hash
+    OFFSET 0  -- a fence: the example is built once, for its hash
   ) e;
 CREATE UNIQUE INDEX sft_candidate_v1_key ON train.sft_candidate_v1 (prompt_log_id, prompt_created_at);
 CREATE INDEX sft_candidate_v1_route_idx ON train.sft_candidate_v1 (tenant_id, route, created_at);
 
 -- KTO from thumbs: only explicit non-zero feedback (NULL and 0 carry no label).
 CREATE MATERIALIZED VIEW train.kto_candidate_v1 AS
-SELECT c.*, e.example, sha256(convert_to(e.example::text, 'UTF8')) AS example_hash
+SELECT c.*, sha256(convert_to(e.example::text, 'UTF8')) AS example_hash
   FROM (
   SELECT l.id                 AS prompt_log_id,
          l.created_at         AS prompt_created_at,
@@ -64,7 +64,7 @@ SELECT c.*, e.example, sha256(convert_to(e.example::text, 'UTF8')) AS example_ha
                'completion', jsonb_build_array(
                jsonb_build_object('role', 'assistant', 'content', c.completion)),
                'label', c.label) AS example
-    OFFSET 0  -- a fence: built once, for the column and for its hash
+    OFFSET 0  -- a fence: the example is built once, for its hash
   ) e;
 CREATE UNIQUE INDEX kto_candidate_v1_key ON train.kto_candidate_v1 (prompt_log_id, prompt_created_at);
 CREATE INDEX kto_candidate_v1_route_idx ON train.kto_candidate_v1 (tenant_id, route, created_at);
@@ -76,7 +76,7 @@ CREATE INDEX kto_candidate_v1_route_idx ON train.kto_candidate_v1 (tenant_id, ro
 --    must lie within 0.5-2.5x the rejected one (tokens_out; characters when a count is missing).
 --  * 'edit': the user's edited text is chosen over the original completion.
 CREATE MATERIALIZED VIEW train.pair_candidate_v1 AS
-SELECT c.*, e.example, sha256(convert_to(e.example::text, 'UTF8')) AS example_hash
+SELECT c.*, sha256(convert_to(e.example::text, 'UTF8')) AS example_hash
   FROM (
   SELECT 'regen'::text                  AS source,
          rej.id                         AS prompt_log_id,
@@ -136,7 +136,7 @@ SELECT c.*, e.example, sha256(convert_to(e.example::text, 'UTF8')) AS example_ha
                jsonb_build_object('role', 'assistant', 'content', c.chosen)),
                'rejected', jsonb_build_array(
                jsonb_build_object('role', 'assistant', 'content', c.rejected))) AS example
-    OFFSET 0  -- a fence: built once, for the column and for its hash
+    OFFSET 0  -- a fence: the example is built once, for its hash
   ) e;
 CREATE UNIQUE INDEX pair_candidate_v1_key
   ON train.pair_candidate_v1 (source, prompt_log_id, prompt_created_at, chosen_log_id);
