@@ -3,13 +3,9 @@ PostgreSQL + pgvector with the real embedding model."""
 
 from __future__ import annotations
 
-import uuid
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
-import psycopg
-
-from app.core.db import downgrade, migrate
 from app.datasets import service as datasets
 from tests.support import db as testdb
 from tests.support.embeddings import encoder
@@ -297,10 +293,6 @@ def test_deleting_log_rows_deletes_their_edges_and_marks(conn):
 
 
 def test_migration_down_and_up_again(pg_server):
-    name = f"mig_{uuid.uuid4().hex[:8]}"
-    with psycopg.connect(pg_server, autocommit=True) as c:
-        c.execute(f'CREATE DATABASE "{name}"')
-    url = testdb.with_database(pg_server, name)
     query = (
         "SELECT to_regclass('obs.prompt_neighbour') IS NOT NULL,"
         " to_regclass('obs.prompt_neighbour_scan') IS NOT NULL,"
@@ -309,15 +301,6 @@ def test_migration_down_and_up_again(pg_server):
         " (SELECT count(*) FROM pg_trigger WHERE tgname LIKE 'inference_log_%embedded'"
         "   OR tgname = 'inference_log_forget_neighbours')"
     )
-    try:
-        migrate(url)
-        with psycopg.connect(url) as c:
-            assert c.execute(query).fetchone()[:3] == (True, True, True)
-        downgrade(url, "0010")
-        with psycopg.connect(url) as c:
-            assert c.execute(query).fetchone() == (False, False, False, 0)
-        migrate(url)
-        with psycopg.connect(url) as c:
-            assert c.execute(query).fetchone()[:3] == (True, True, True)
-    finally:
-        testdb.drop(pg_server, url)
+    up, down, up_again = testdb.migration_round_trip(pg_server, "0010", query)
+    assert up[:3] == up_again[:3] == (True, True, True)
+    assert down == (False, False, False, 0)

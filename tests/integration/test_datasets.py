@@ -17,7 +17,7 @@ from psycopg.rows import dict_row
 
 from app.core.auth import create_key
 from app.core.config import Settings
-from app.core.db import as_tenant, downgrade, migrate
+from app.core.db import as_tenant
 from app.datasets import service as datasets
 from app.main import create_app
 from tests.support import db as testdb
@@ -747,26 +747,16 @@ def test_small_snapshot_still_has_one_eval_example_and_verifies(conn, world):
 
 
 def test_migration_0013_down_and_up_again(pg_server):
-    name = f"mig_{uuid.uuid4().hex[:8]}"
-    with psycopg.connect(pg_server, autocommit=True) as c:
-        c.execute(f'CREATE DATABASE "{name}"')
-    url = testdb.with_database(pg_server, name)
     query = (
         "SELECT to_regclass('obs.deleted_log') IS NOT NULL,"
         " to_regprocedure('train.create_snapshot_v4(int, text, text, timestamptz, timestamptz,"
         " double precision, int, int, text)') IS NOT NULL,"
         " to_regclass('train.dataset_example_log_ids_idx') IS NOT NULL,"
-        " (SELECT count(*) FROM pg_trigger WHERE tgname LIKE 'inference_log_%marked' AND tgparentid = 0)"
+        " (SELECT count(*) FROM pg_attribute WHERE attname = 'example_hash'"
+        "   AND attrelid = 'train.kto_candidate_v1'::regclass),"
+        " (SELECT count(*) FROM pg_trigger WHERE tgname LIKE 'inference_log_%marked'"
+        "   AND tgparentid = 0)"
     )
-    try:
-        migrate(url)
-        with psycopg.connect(url) as c:
-            assert c.execute(query).fetchone() == (True, True, False, 2)
-        downgrade(url, "0012")
-        with psycopg.connect(url) as c:
-            assert c.execute(query).fetchone() == (False, False, True, 0)
-        migrate(url)
-        with psycopg.connect(url) as c:
-            assert c.execute(query).fetchone() == (True, True, False, 2)
-    finally:
-        testdb.drop(pg_server, url)
+    up, down, up_again = testdb.migration_round_trip(pg_server, "0012", query)
+    assert up == up_again == (True, True, False, 1, 2)
+    assert down == (False, False, True, 0, 0)
