@@ -64,7 +64,8 @@ ROUTER_REQUESTS = Counter(
 )
 ROUTER_LATENCY = Histogram(
     "cft_router_upstream_seconds",
-    "Engine response time seen by the router (time to headers), LoRA adapter vs base model",
+    "Engine response time seen by the router (streams: to headers; whole calls: to the body),"
+    " LoRA adapter vs base model",
     ["kind"],
     registry=REGISTRY,
     buckets=(0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60),

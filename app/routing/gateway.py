@@ -28,6 +28,7 @@ from psycopg_pool import PoolTimeout
 from starlette.types import ASGIApp, Receive, Scope, Send
 
 from app.core.auth import ApiKey, IngestKey, TenantConn, lookup
+from app.core.db import Pool
 from app.core.errors import BadRequest, Forbidden, NotFound, Unauthorized, Unavailable
 from app.core.metrics import (
     ENGINE_FAILURES,
@@ -38,7 +39,7 @@ from app.core.metrics import (
     child,
 )
 from app.routing.assign import Assignment, RouteState
-from app.routing.engines import ENGINE_ERRORS, EnginePool, EngineState
+from app.routing.engines import ENGINE_ERRORS, EnginePool, EngineState, Reply
 
 log = logging.getLogger("cft.routing.gateway")
 
@@ -46,11 +47,11 @@ router = APIRouter(tags=["router"])
 
 CLIENT_ROLES = frozenset({"ingest", "client", "admin"})
 RETRY_AFTER = "2"
-# Tasks that close relays after a client went away (kept referenced until done).
-_closing: set[asyncio.Task[None]] = set()
+# Background tasks (relays closed after a client went away, key re-checks), kept referenced
+# until done.
+_tasks: set[asyncio.Task[None]] = set()
 # Request headers the gateway reads, found in one pass over the raw list.
 _WANTED = frozenset({b"authorization", b"x-cft-route", b"x-cft-user", b"x-request-id"})
-_JSON = {"content-type": "application/json"}
 _HEADERS_KEY = "cft.headers"
 
 
@@ -106,28 +107,51 @@ def _bearer(request: Request) -> str:
     return token.strip()
 
 
+def _lookup_key(pool: Pool, token: str) -> ApiKey | None:
+    with pool.connection(timeout=2.0) as conn:
+        return lookup(conn, token)
+
+
+async def _recheck_key(runtime: Any, pool: Pool, token: str, digest: bytes) -> None:
+    """Look a cached key up again in the background (its cache entry expired)."""
+    key: ApiKey | None = None
+    failed = True
+    try:
+        key = await asyncio.to_thread(_lookup_key, pool, token)
+        failed = False
+    except (PoolTimeout, psycopg.OperationalError):
+        log.warning("API key re-check failed: the database is unavailable")
+    finally:
+        runtime.key_checked(digest, key, failed=failed)
+
+
+def _background(coro: Any) -> None:
+    task = asyncio.get_running_loop().create_task(coro)
+    _tasks.add(task)
+    task.add_done_callback(_tasks.discard)
+
+
 async def client_key(request: Request) -> ApiKey:
     """The caller's key (role ingest or client), cached by the router for a few seconds.
 
     A lookup costs a database round trip and a thread hop; the router keeps verified keys for
-    CFT_ROUTER_KEY_CACHE_TTL seconds, which bounds how long a revoked key still works. While
-    PostgreSQL is down an expired entry is still accepted (nobody can revoke meanwhile).
+    CFT_ROUTER_KEY_CACHE_TTL seconds and then re-checks them in the background while still
+    accepting them (RouterRuntime.cached_key), which bounds how long a revoked key still
+    works. While PostgreSQL is down a key verified earlier is still accepted (nobody can
+    revoke meanwhile).
     """
     token = _bearer(request)
     runtime = getattr(request.app.state, "router", None)
     key: ApiKey | None = None
     digest = b""
     if runtime is not None:
-        digest, key = runtime.cached_key(token)
+        digest, key, recheck = runtime.cached_key(token)
+        if recheck:
+            _background(_recheck_key(runtime, request.app.state.pool, token, digest))
     if key is None:
         pool = request.app.state.pool
-
-        def _lookup() -> ApiKey | None:
-            with pool.connection(timeout=2.0) as conn:
-                return lookup(conn, token)
-
         try:
-            key = await asyncio.to_thread(_lookup)
+            key = await asyncio.to_thread(_lookup_key, pool, token)
         except (PoolTimeout, psycopg.OperationalError) as exc:
             stale = runtime.stale_key(digest) if runtime is not None else None
             if stale is None:
@@ -186,14 +210,14 @@ class _Stream(StreamingResponse):
         finally:
             aclose = getattr(self.body_iterator, "aclose", None)
             if aclose is not None:
-                task = asyncio.get_running_loop().create_task(aclose())
-                _closing.add(task)
-                task.add_done_callback(_closing.discard)
+                _background(aclose())
 
 
-def _done(resp: aiohttp.ClientResponse) -> None:
+def _done(resp: aiohttp.ClientResponse | Reply) -> None:
     """Give the connection back to the pool when the body was read to its end, else close it
     (which also tells the engine to stop generating). Synchronous: safe in cancelled cleanup."""
+    if isinstance(resp, Reply):  # read whole; its connection went back to the pool then
+        return
     if resp.content.at_eof():
         resp.release()
     else:
@@ -208,14 +232,18 @@ def _candidates(engine: EngineState, state: RouteState, assignment: Assignment) 
 
 
 async def _send(
-    runtime: Any, state: RouteState, assignment: Assignment, body: dict[str, Any], path: str
-) -> tuple[aiohttp.ClientResponse, EngineState, str, str | None, float]:
+    runtime: Any,
+    state: RouteState,
+    assignment: Assignment,
+    body: dict[str, Any],
+    path: str,
+    stream: bool,
+) -> tuple[aiohttp.ClientResponse | Reply, EngineState, str, str | None, float]:
     """Send to the first engine and model that answer; (response, engine, model, why, t0).
 
     `why` is None when the assigned model served the call, else the fallback reason.
     """
     engines: EnginePool = runtime.engines
-    session = engines.session
     want = assignment.adapter_id or state.base_model
     failed_adapter = False
     order = engines.order(assignment.adapter_id)
@@ -228,8 +256,7 @@ async def _send(
             body["model"] = model
             started = time.perf_counter()
             try:
-                # Returns once the status line and headers are in; the body is read later.
-                resp = await session.post(engine.url + path, data=orjson.dumps(body), headers=_JSON)
+                resp = await engines.post(engine, path, orjson.dumps(body), stream=stream)
             except ENGINE_ERRORS as exc:
                 engine.mark_down()
                 ENGINE_FAILURES.labels(engine.url, type(exc).__name__).inc()
@@ -320,7 +347,7 @@ async def proxy(request: Request, key: ApiKey, kind: str) -> Response:
     }
     try:
         upstream, _engine, model, why, started = await _send(
-            runtime, state, assignment, upstream_body, path
+            runtime, state, assignment, upstream_body, path, stream
         )
     except Unavailable as exc:
         record |= {"status": "error", "completion": None, "adapter_id": assignment.adapter_id}
@@ -377,6 +404,7 @@ async def proxy(request: Request, key: ApiKey, kind: str) -> Response:
         writer.submit(record)
         return Response(orjson.dumps(data), upstream.status, headers, "application/json")
 
+    assert isinstance(upstream, aiohttp.ClientResponse)  # streams go through aiohttp
     if upstream.status != 200:
         try:
             payload = await upstream.read()
@@ -545,8 +573,8 @@ class GatewayFastPath:
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         fast = (
-            _FAST.get(scope["path"])
-            if scope["type"] == "http" and scope["method"] == "POST" and not scope.get("root_path")
+            _FAST.get(_route_path(scope))
+            if scope["type"] == "http" and scope["method"] == "POST"
             else None
         )
         if fast is None:
@@ -565,6 +593,16 @@ class GatewayFastPath:
             if inspect.isawaitable(response):
                 response = await response
         await response(scope, receive, send)
+
+
+def _route_path(scope: Scope) -> str:
+    """The path routes are matched on: scope["path"] without the root_path prefix when the
+    server put it there (`uvicorn --root-path`), as Starlette's router does."""
+    path: str = scope["path"]
+    root = scope.get("root_path", "")
+    if root and path.startswith(root) and path[len(root) : len(root) + 1] == "/":
+        return path[len(root) :]
+    return path
 
 
 def _exception_handler(app: Any, exc: Exception) -> Any:

@@ -43,7 +43,11 @@ class RouterRuntime:
     reconciler: Reconciler | None = None
     key_ttl: float = 5.0
     switch_interval: float | None = None  # the interpreter's value before start(), restored
+    # key hash -> (fresh until, key); hashes being re-checked; when a failed re-check may be
+    # tried again.
     _keys: dict[bytes, tuple[float, ApiKey]] = field(default_factory=dict)
+    _key_checks: set[bytes] = field(default_factory=set)
+    _key_retry_at: dict[bytes, float] = field(default_factory=dict)
     _user_keys: Callable[[str], str] = field(init=False, repr=False)
 
     def __post_init__(self) -> None:
@@ -60,17 +64,43 @@ class RouterRuntime:
         """The user's pseudonym in hex: the key of the canary split (`serve.assign_adapter`)."""
         return self._user_keys(user)
 
-    def cached_key(self, token: str) -> tuple[bytes, ApiKey | None]:
-        """(hash, key) when the key was verified less than key_ttl seconds ago.
+    def cached_key(self, token: str) -> tuple[bytes, ApiKey | None, bool]:
+        """(hash, key, recheck): the key when it was verified less than key_ttl seconds ago.
 
-        Only live keys are cached, so a new key works at once and a revoked one stops
-        working within key_ttl seconds (CFT_ROUTER_KEY_CACHE_TTL).
+        A key verified between key_ttl and 2 * key_ttl seconds ago is still returned, with
+        recheck True for exactly one caller, who starts one background lookup
+        (stale-while-revalidate, like the route table): no call waits for a lookup every
+        key_ttl seconds. A revoked key is dropped when that lookup returns, so it stops
+        working within about key_ttl (CFT_ROUTER_KEY_CACHE_TTL) plus one lookup while it is
+        in use, and within 2 * key_ttl plus one lookup at worst. Only live keys are cached:
+        a new key works at once.
         """
         digest = hash_key(token)
         hit = self._keys.get(digest)
-        if hit is not None and time.monotonic() < hit[0]:
-            return digest, hit[1]
-        return digest, None
+        if hit is None:
+            return digest, None, False
+        now = time.monotonic()
+        if now < hit[0]:
+            return digest, hit[1], False
+        if now - hit[0] >= self.key_ttl:
+            return digest, None, False
+        if digest in self._key_checks or now < self._key_retry_at.get(digest, 0.0):
+            return digest, hit[1], False
+        self._key_checks.add(digest)
+        return digest, hit[1], True
+
+    def key_checked(self, digest: bytes, key: ApiKey | None, *, failed: bool = False) -> None:
+        """Record a background re-check: the key again (live), None (revoked), or failed
+        (PostgreSQL unavailable: keep serving the key, and try again in a second)."""
+        self._key_checks.discard(digest)
+        if failed:
+            self._key_retry_at[digest] = time.monotonic() + 1.0
+            return
+        self._key_retry_at.pop(digest, None)
+        if key is None:
+            self._keys.pop(digest, None)
+        else:
+            self.remember_key(digest, key)
 
     def stale_key(self, digest: bytes) -> ApiKey | None:
         """A key verified earlier, however long ago (used only while PostgreSQL is down)."""
@@ -81,6 +111,7 @@ class RouterRuntime:
         """Cache a verified live key."""
         if len(self._keys) > 10_000:
             self._keys.clear()
+            self._key_retry_at.clear()
         self._keys[digest] = (time.monotonic() + self.key_ttl, key)
 
 

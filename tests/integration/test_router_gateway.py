@@ -14,6 +14,7 @@ import pytest
 from psycopg.rows import dict_row
 
 from app.core.auth import create_key
+from app.core.config import get_settings
 from app.core.metrics import REGISTRY
 from app.core.pseudonym import user_hash, user_secret
 from app.main import create_app
@@ -216,6 +217,41 @@ def test_gateway_needs_a_key(setup):
         json={"model": setup["route"]["name"], "messages": [{"role": "user", "content": "x"}]},
     )
     assert resp.status_code == 401
+
+
+def test_revoked_key_stops_working_within_the_key_cache_ttl(
+    db_url: str, engine_url: str, tmp_path: Path
+):
+    """Cached keys are re-checked in the background after CFT_ROUTER_KEY_CACHE_TTL: a key in
+    use keeps working meanwhile, and a revoked one is refused within the TTL + one lookup."""
+    ttl = 0.5
+    with psycopg.connect(db_url, autocommit=True, row_factory=dict_row) as c:
+        t = make_tenant(c)
+        r = make_route(c, tenant_id=t["id"], base_model=BASE)
+        key = create_key(c, tenant_id=t["id"], role="client")
+    settings = get_settings().model_copy(
+        update={"router_key_cache_ttl": ttl, "serving_dir": tmp_path / "serving"}
+    )
+    headers = {"Authorization": f"Bearer {key}"}
+    body = {"model": r["name"], "prompt": "Hi", "max_tokens": 1}
+    with (
+        serve_app(create_app(settings, db_url=db_url, engine_urls=[engine_url])) as api,
+        httpx.Client(base_url=api, headers=headers, timeout=60) as client,
+    ):
+        # Past several TTLs, the key in use keeps working (served while re-checked).
+        until = time.monotonic() + 4 * ttl
+        while time.monotonic() < until:
+            resp = client.post("/v1/completions", json=body)
+            assert resp.status_code == 200, resp.text
+        with psycopg.connect(db_url, autocommit=True) as c:
+            c.execute("UPDATE auth.api_key SET revoked_at = now() WHERE tenant_id = %s", (t["id"],))
+        revoked = time.monotonic()
+        while (resp := client.post("/v1/completions", json=body)).status_code == 200:
+            assert time.monotonic() - revoked < ttl + 5.0, "the revoked key still works"
+        assert resp.status_code == 401, resp.text
+        assert resp.json()["error"]["message"] == "invalid or revoked API key"
+        for _ in range(3):
+            assert client.post("/v1/completions", json=body).status_code == 401
 
 
 def test_feedback_right_after_the_call_waits_for_the_queued_log(setup):
