@@ -56,6 +56,7 @@ DECLARE
   v_lo      timestamptz;
   v_hi      timestamptz;
   v_oldest  timestamptz;
+  v_survivors bigint;
   v_counts  jsonb := '{}';
   v_steps   jsonb := '{}';
   v_t       timestamptz := clock_timestamp();
@@ -273,8 +274,9 @@ SELECT k.*, x.h IS NOT NULL AS loser FROM k LEFT JOIN loser x ON x.h = k.prompt_
     v_probed := 0;
     v_searched := 0;
   END IF;
+  v_survivors := (v_counts->>'exact_dedup')::bigint - v_losers;
   v_counts := v_counts || jsonb_build_object(
-    'semantic_dedup', (v_counts->>'exact_dedup')::bigint - v_losers,
+    'semantic_dedup', v_survivors,
     'searched_rows', v_searched, 'probed_live', v_probed);
   v_steps := v_steps || jsonb_build_object('semantic_dedup',
                round(extract(epoch FROM clock_timestamp() - v_t) * 1000)); v_t := clock_timestamp();
@@ -293,6 +295,10 @@ SELECT k.*, x.h IS NOT NULL AS loser FROM k LEFT JOIN loser x ON x.h = k.prompt_
              || ' are >= 2 examples, the one with the lowest (bucket, example_hash)',
     'set_hash', 'sha256 over the concatenated sorted example hashes');
 
+  -- The examples are sorted by hash and kept for the statement trigger's transition table:
+  -- ~1 kB of memory per example; below that a large snapshot spills both to disk (at 400k
+  -- examples the sort alone wrote 120 MB).
+  PERFORM set_config('work_mem', greatest(131072, v_survivors)::text || 'kB', true);
   -- A draft (set_hash NULL) takes its examples, then is sealed below.
   INSERT INTO train.dataset_snapshot
          (id, tenant_id, route, method, query_sql, params, counts, created_by)
