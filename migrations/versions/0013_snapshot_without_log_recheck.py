@@ -23,6 +23,7 @@ depends_on = None
 # SQL files this migration runs, in order (paths under sql/).
 FILES: list[str] = [
     "schema/deleted_log_v1.sql",
+    "functions/dataset_examples_v1.sql",
     "views/dataset_candidates_v2.sql",
     "functions/refresh_dataset_candidates_v2.sql",
     "functions/dataset_snapshot_v4.sql",
@@ -35,6 +36,12 @@ DROP MATERIALIZED VIEW IF EXISTS train.kto_candidate_v1;
 DROP MATERIALIZED VIEW IF EXISTS train.pair_candidate_v1;
 """
 UPGRADE_SQL = "DROP INDEX IF EXISTS train.dataset_example_log_ids_idx;"
+# The example builders, once nothing uses them (after the views).
+DROP_EXAMPLES_SQL = """
+DROP FUNCTION IF EXISTS train.sft_example_v1(jsonb, text);
+DROP FUNCTION IF EXISTS train.kto_example_v1(jsonb, text, boolean);
+DROP FUNCTION IF EXISTS train.pair_example_v1(jsonb, text, text);
+"""
 # SQL that undoes them (drop what FILES created, bring the index back); then the v1 views.
 DOWNGRADE_SQL = """
 DROP FUNCTION IF EXISTS train.create_snapshot_v4(int, text, text, timestamptz, timestamptz,
@@ -57,4 +64,5 @@ def upgrade() -> None:
 def downgrade() -> None:
     sqlfiles.execute(DOWNGRADE_SQL)
     sqlfiles.execute(DROP_VIEWS_SQL)
+    sqlfiles.execute(DROP_EXAMPLES_SQL)
     sqlfiles.apply(["views/dataset_candidates_v1.sql"])

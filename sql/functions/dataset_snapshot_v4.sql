@@ -14,7 +14,7 @@
 -- "Has an embedding" is read from obs.prompt_neighbour_scan, which holds a row for exactly the
 -- log rows that got one (the same pass that reads the stored neighbours). Each candidate's
 -- example_hash is read from the view (views/dataset_candidates_v2.sql computes it at refresh
--- from the same example expression) instead of being computed here.
+-- from the same builder, functions/dataset_examples_v1.sql) instead of being computed here.
 CREATE OR REPLACE FUNCTION train.create_snapshot_v4(
   p_tenant_id       int,
   p_route           text,
@@ -95,23 +95,15 @@ BEGIN
   CASE p_method
   WHEN 'sft' THEN
     v_view := 'train.sft_candidate_v1';
-    v_example := $e$jsonb_build_object('messages', c.prompt || jsonb_build_array(
-                    jsonb_build_object('role', 'assistant', 'content', c.completion)))$e$;
+    v_example := 'train.sft_example_v1(c.prompt, c.completion)';
     v_signal := 'n.fb_edited';
   WHEN 'kto' THEN
     v_view := 'train.kto_candidate_v1';
-    v_example := $e$jsonb_build_object('prompt', c.prompt,
-                    'completion', jsonb_build_array(
-                      jsonb_build_object('role', 'assistant', 'content', c.completion)),
-                    'label', c.label)$e$;
+    v_example := 'train.kto_example_v1(c.prompt, c.completion, c.label)';
     v_signal := 'n.fb_explicit <> 0';
   WHEN 'dpo', 'orpo', 'simpo' THEN
     v_view := 'train.pair_candidate_v1';
-    v_example := $e$jsonb_build_object('prompt', c.prompt,
-                    'chosen', jsonb_build_array(
-                      jsonb_build_object('role', 'assistant', 'content', c.chosen)),
-                    'rejected', jsonb_build_array(
-                      jsonb_build_object('role', 'assistant', 'content', c.rejected)))$e$;
+    v_example := 'train.pair_example_v1(c.prompt, c.chosen, c.rejected)';
     v_live := $e$
          AND c.chosen_created_at >= $5
          AND NOT EXISTS (SELECT 1 FROM obs.deleted_log d

@@ -8,9 +8,7 @@ DECLARE
   -- Taken before the refreshes, whose own snapshots see at least what this one sees.
   v_seen pg_snapshot := pg_current_snapshot();
 BEGIN
-  REFRESH MATERIALIZED VIEW CONCURRENTLY train.sft_candidate_v1;
-  REFRESH MATERIALIZED VIEW CONCURRENTLY train.kto_candidate_v1;
-  REFRESH MATERIALIZED VIEW CONCURRENTLY train.pair_candidate_v1;
+  PERFORM train.refresh_dataset_candidates_v1();
   DELETE FROM obs.deleted_log d
    WHERE pg_visible_in_snapshot(d.xid, v_seen) OR d.xid = pg_current_xact_id_if_assigned();
 END

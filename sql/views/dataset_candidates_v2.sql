@@ -1,7 +1,7 @@
 -- The candidate views of views/dataset_candidates_v1.sql (same names, same rules, same
 -- columns), recreated with one more: `example_hash`, train.example_hash_v1 of the example a
--- snapshot builds from the row (the expressions of train.create_snapshot_v1..v4, in the TRL
--- format of the view's methods). Hashing every example was a fifth of a snapshot's time; a
+-- snapshot builds from the row (functions/dataset_examples_v1.sql, the TRL format of the
+-- view's methods; the hash expression is written out: as a call it is not inlined). Hashing every example was a fifth of a snapshot's time; a
 -- refresh recomputes every row anyway, so the hash is computed there, once per refresh (the
 -- example itself is not kept: the rows stay narrow, and REFRESH ... CONCURRENTLY compares
 -- whole rows). verify_snapshot_v1 recomputes each stored example's hash.
@@ -10,7 +10,9 @@
 
 -- SFT from edits: the user's corrected text is the golden completion.
 CREATE MATERIALIZED VIEW train.sft_candidate_v1 AS
-SELECT c.*, sha256(convert_to(e.example::text, 'UTF8')) AS example_hash
+SELECT c.*,
+       sha256(convert_to(train.sft_example_v1(c.prompt, c.completion)::text, 'UTF8'))
+         AS example_hash
   FROM (
   SELECT l.id                        AS prompt_log_id,
          l.created_at                AS prompt_created_at,
@@ -28,18 +30,15 @@ SELECT c.*, sha256(convert_to(e.example::text, 'UTF8')) AS example_hash
      AND btrim(l.edited_completion) <> ''
      AND l.pii_flags = 0
      AND l.created_at > now() - interval '180 days'
-  ) c
-  CROSS JOIN LATERAL (
-    SELECT jsonb_build_object('messages', c.prompt || jsonb_build_array(
-               jsonb_build_object('role', 'assistant', 'content', c.completion))) AS example
-    OFFSET 0  -- a fence: the example is built once, for its hash
-  ) e;
+  ) c;
 CREATE UNIQUE INDEX sft_candidate_v1_key ON train.sft_candidate_v1 (prompt_log_id, prompt_created_at);
 CREATE INDEX sft_candidate_v1_route_idx ON train.sft_candidate_v1 (tenant_id, route, created_at);
 
 -- KTO from thumbs: only explicit non-zero feedback (NULL and 0 carry no label).
 CREATE MATERIALIZED VIEW train.kto_candidate_v1 AS
-SELECT c.*, sha256(convert_to(e.example::text, 'UTF8')) AS example_hash
+SELECT c.*,
+       sha256(convert_to(train.kto_example_v1(c.prompt, c.completion, c.label)::text, 'UTF8'))
+         AS example_hash
   FROM (
   SELECT l.id                 AS prompt_log_id,
          l.created_at         AS prompt_created_at,
@@ -58,14 +57,7 @@ SELECT c.*, sha256(convert_to(e.example::text, 'UTF8')) AS example_hash
      AND l.status = 'ok'
      AND l.pii_flags = 0
      AND l.created_at > now() - interval '180 days'
-  ) c
-  CROSS JOIN LATERAL (
-    SELECT jsonb_build_object('prompt', c.prompt,
-               'completion', jsonb_build_array(
-               jsonb_build_object('role', 'assistant', 'content', c.completion)),
-               'label', c.label) AS example
-    OFFSET 0  -- a fence: the example is built once, for its hash
-  ) e;
+  ) c;
 CREATE UNIQUE INDEX kto_candidate_v1_key ON train.kto_candidate_v1 (prompt_log_id, prompt_created_at);
 CREATE INDEX kto_candidate_v1_route_idx ON train.kto_candidate_v1 (tenant_id, route, created_at);
 
@@ -76,7 +68,9 @@ CREATE INDEX kto_candidate_v1_route_idx ON train.kto_candidate_v1 (tenant_id, ro
 --    must lie within 0.5-2.5x the rejected one (tokens_out; characters when a count is missing).
 --  * 'edit': the user's edited text is chosen over the original completion.
 CREATE MATERIALIZED VIEW train.pair_candidate_v1 AS
-SELECT c.*, sha256(convert_to(e.example::text, 'UTF8')) AS example_hash
+SELECT c.*,
+       sha256(convert_to(train.pair_example_v1(c.prompt, c.chosen, c.rejected)::text, 'UTF8'))
+         AS example_hash
   FROM (
   SELECT 'regen'::text                  AS source,
          rej.id                         AS prompt_log_id,
@@ -129,15 +123,7 @@ SELECT c.*, sha256(convert_to(e.example::text, 'UTF8')) AS example_hash
      AND l.edited_completion <> l.completion
      AND l.pii_flags = 0
      AND l.created_at > now() - interval '180 days'
-  ) c
-  CROSS JOIN LATERAL (
-    SELECT jsonb_build_object('prompt', c.prompt,
-               'chosen', jsonb_build_array(
-               jsonb_build_object('role', 'assistant', 'content', c.chosen)),
-               'rejected', jsonb_build_array(
-               jsonb_build_object('role', 'assistant', 'content', c.rejected))) AS example
-    OFFSET 0  -- a fence: the example is built once, for its hash
-  ) e;
+  ) c;
 CREATE UNIQUE INDEX pair_candidate_v1_key
   ON train.pair_candidate_v1 (source, prompt_log_id, prompt_created_at, chosen_log_id);
 CREATE INDEX pair_candidate_v1_route_idx ON train.pair_candidate_v1 (tenant_id, route, created_at);

@@ -123,7 +123,7 @@ def test_rows_deleted_after_refresh_are_skipped_by_their_markers(conn, world):
     tenant, route = world
     keep = log(conn, tenant, route, messages=_user("kept"), completion="a", fb_explicit=1)
     gone = log(conn, tenant, route, messages=_user("deleted"), completion="b", fb_explicit=1)
-    rej, cho = _regen(conn, tenant, route, "chosen deleted")
+    _rej, cho = _regen(conn, tenant, route, "chosen deleted")
     datasets.refresh_candidates(conn)
     conn.execute("DELETE FROM obs.inference_log WHERE id = ANY(%s)", ([gone["id"], cho["id"]],))
     assert _markers(conn) == sorted([gone["id"], cho["id"]])
@@ -145,7 +145,9 @@ def test_rows_deleted_after_refresh_are_skipped_by_their_markers(conn, world):
     assert _markers(conn) == []
     kto = _snapshot(conn, tenant, route, "kto", refresh=False, dedup_threshold=0)
     assert kto["counts"]["view_rows"] == kto["counts"]["live_ok"] == 1
-    assert kto["n_train"] + kto["n_eval"] == 1 and keep["id"] != rej["id"]
+    assert [e["prompt"][-1]["content"] for e in _examples(conn, kto)] == ["kept"]
+    dpo = _snapshot(conn, tenant, route, "dpo", refresh=False, dedup_threshold=0)
+    assert dpo["counts"]["view_rows"] == 0
 
 
 def test_rows_of_a_dropped_partition_are_skipped(conn, world):
