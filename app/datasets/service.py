@@ -1,7 +1,8 @@
 """Snapshot rules: freeze candidates into train.dataset_snapshot and export them for TRL.
 
-The work happens in SQL (sql/functions/dataset_snapshot_v3.sql); this module calls it in the
-caller's transaction and reads the frozen rows back. Example formats (TRL conversational):
+The work happens in SQL (sql/functions/dataset_snapshot_v5.sql); this module calls it in the
+caller's transaction (a savepoint, retried when a concurrent refresh moved the candidates)
+and reads the frozen rows back. Example formats (TRL conversational):
 sft `{"messages"}`, dpo/orpo/simpo `{"prompt", "chosen", "rejected"}`, kto
 `{"prompt", "completion", "label"}`.
 """
@@ -17,14 +18,18 @@ from typing import IO, Any
 import psycopg
 
 from app.core.db import Connection
-from app.core.errors import BadRequest, Forbidden, NotFound
+from app.core.errors import BadRequest, Conflict, Forbidden, NotFound
 
 METHODS = ("sft", "kto", "dpo", "orpo", "simpo")
 SPLITS = ("train", "eval")
 DEFAULT_DEDUP_THRESHOLD = 0.1
 DEFAULT_EVAL_PCT = 10
 DEFAULT_NEIGHBOURS = 10
-SNAPSHOT_FUNCTION = "train.create_snapshot_v4"
+SNAPSHOT_FUNCTION = "train.create_snapshot_v5"
+# A snapshot not taken with refresh=True reads its candidate view twice (keys, then the
+# survivors' rows); a REFRESH ... CONCURRENTLY committed in between is detected and reported as
+# serialization_failure, nothing kept. Taken again, it reads the refreshed view.
+SNAPSHOT_ATTEMPTS = 3
 
 _SNAPSHOT_COLUMNS = (
     "id, tenant_id, route, method, query_sql, params, counts, n_train, n_eval, set_hash,"
@@ -54,25 +59,34 @@ def create_snapshot(
     """Build, deduplicate, split and freeze one snapshot; returns its row (without examples)."""
     if method not in METHODS:
         raise BadRequest(f"unknown method {method!r}: choose one of {', '.join(METHODS)}")
+    args = (
+        tenant_id,
+        route,
+        method,
+        since,
+        until,
+        dedup_threshold,
+        eval_pct,
+        neighbours,
+        created_by,
+    )
     try:
-        with conn.transaction():
-            if refresh:
-                refresh_candidates(conn)
-            row = conn.execute(
-                f"SELECT {_SNAPSHOT_COLUMNS} FROM {SNAPSHOT_FUNCTION}("
-                "%s, %s, %s, %s, %s, %s, %s, %s, %s)",
-                (
-                    tenant_id,
-                    route,
-                    method,
-                    since,
-                    until,
-                    dedup_threshold,
-                    eval_pct,
-                    neighbours,
-                    created_by,
-                ),
-            ).fetchone()
+        for attempt in range(1, SNAPSHOT_ATTEMPTS + 1):
+            try:
+                with conn.transaction():
+                    if refresh:
+                        refresh_candidates(conn)
+                    row = conn.execute(
+                        f"SELECT {_SNAPSHOT_COLUMNS} FROM {SNAPSHOT_FUNCTION}("
+                        "%s, %s, %s, %s, %s, %s, %s, %s, %s)",
+                        args,
+                    ).fetchone()
+                break
+            except psycopg.errors.SerializationFailure as exc:
+                if attempt == SNAPSHOT_ATTEMPTS:
+                    raise Conflict(
+                        f"{_first_line(exc)} ({attempt} attempts)", code="snapshot_conflict"
+                    ) from exc
     except psycopg.errors.NoDataFound as exc:
         raise NotFound(_first_line(exc), code="route_not_found") from exc
     except psycopg.errors.InvalidParameterValue as exc:

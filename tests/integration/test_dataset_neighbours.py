@@ -216,10 +216,10 @@ def test_rows_not_searched_fall_back_to_live_probes(conn):
 
 
 def _versions(conn: Any, tenant: dict[str, Any], route: dict[str, Any], **kw: Any) -> list[Any]:
-    """The same snapshot through create_snapshot_v2, _v3 and _v4 (one until for all)."""
+    """The same snapshot through create_snapshot_v2 to _v5 (one until for all)."""
     until = datetime.now(UTC) + timedelta(seconds=1)
     out = []
-    for version in ("v2", "v3", "v4"):
+    for version in ("v2", "v3", "v4", "v5"):
         out.append(
             conn.execute(
                 f"SELECT * FROM train.create_snapshot_{version}(%s, %s, %s, p_until => %s,"
@@ -247,7 +247,7 @@ def _counts_add_up(snap: Any) -> None:
     }
 
 
-def test_v3_and_v4_build_the_same_snapshot_as_v2(conn):
+def test_v3_to_v5_build_the_same_snapshot_as_v2(conn):
     tenant, route, _other, _ids = _traffic(conn)
     embed_and_link(conn, encoder(), radius=RADIUS, neighbours=K)
     # An exact duplicate of the best paraphrase and a row with no embedding join in.

@@ -221,6 +221,142 @@ def test_a_delete_committed_while_a_refresh_runs_keeps_its_marker(conn, world, d
     assert _markers(conn) == []
 
 
+def _wait_for_lock(conn: Any, pid: int) -> None:
+    for _ in range(200):
+        waiting = conn.execute(
+            "SELECT wait_event_type = 'Lock' AS w FROM pg_stat_activity WHERE pid = %s", (pid,)
+        ).fetchone()
+        if waiting and waiting["w"]:
+            return
+        time.sleep(0.05)
+    pytest.fail("the snapshot never reached the locked table")
+
+
+def _snapshot_across_a_refresh(conn, db_url, take) -> Any:
+    """Run take(connection) in a thread, held after reading its candidates (the draft's insert
+    waits on a lock), while a candidate changes and its view is refreshed CONCURRENTLY;
+    returns what take returned or raised."""
+    out: dict[str, Any] = {}
+    with (
+        psycopg.connect(db_url) as blocker,
+        psycopg.connect(db_url, autocommit=True, row_factory=dict_row) as taker,
+    ):
+        blocker.execute("LOCK TABLE train.dataset_snapshot IN SHARE MODE")
+        pid = taker.execute("SELECT pg_backend_pid() AS p").fetchone()["p"]
+
+        def run() -> None:
+            try:
+                out["result"] = take(taker)
+            except Exception as exc:  # reported to the test
+                out["result"] = exc
+
+        worker = threading.Thread(target=run, daemon=True)
+        worker.start()
+        _wait_for_lock(conn, pid)
+        conn.execute(
+            "UPDATE obs.inference_log SET completion = 'changed' WHERE id ="
+            " (SELECT min(id) FROM obs.inference_log WHERE fb_explicit <> 0)"
+        )
+        conn.execute("REFRESH MATERIALIZED VIEW CONCURRENTLY train.kto_candidate_v1")
+        blocker.rollback()
+        worker.join(60)
+        assert not worker.is_alive()
+    return out["result"]
+
+
+def test_a_refresh_between_reading_and_writing_refuses_the_snapshot(conn, world, db_url):
+    """v5 reads the view's keys, then the survivors' rows by TID: rows a concurrent refresh
+    replaced in between are gone, so the snapshot is refused, not written short."""
+    tenant, route = world
+    _some_traffic(conn, tenant, route, 6)
+    datasets.refresh_candidates(conn)
+    err = _snapshot_across_a_refresh(
+        conn,
+        db_url,
+        lambda c: c.execute(
+            "SELECT id FROM train.create_snapshot_v5(%s, %s, 'kto', p_dedup_threshold => 0)",
+            (tenant["id"], route["name"]),
+        ).fetchone(),
+    )
+    assert isinstance(err, psycopg.errors.SerializationFailure), err
+    assert "was refreshed while this snapshot was taken: 1 of 6" in str(err)
+    left = conn.execute("SELECT count(*) AS n FROM train.dataset_snapshot").fetchone()
+    assert left["n"] == 0
+
+
+def test_the_service_takes_a_refused_snapshot_again(conn, world, db_url):
+    tenant, route = world
+    _some_traffic(conn, tenant, route, 6)
+    datasets.refresh_candidates(conn)
+    snap = _snapshot_across_a_refresh(
+        conn,
+        db_url,
+        lambda c: datasets.create_snapshot(
+            c,
+            tenant_id=tenant["id"],
+            route=route["name"],
+            method="kto",
+            dedup_threshold=0,
+            refresh=False,
+        ),
+    )
+    assert isinstance(snap, dict), snap
+    assert snap["n_train"] + snap["n_eval"] == 6
+    rows = [
+        *datasets.export_snapshot(conn, snapshot_id=snap["id"], split="train"),
+        *datasets.export_snapshot(conn, snapshot_id=snap["id"], split="eval"),
+    ]
+    assert sum(r["completion"][0]["content"] == "changed" for r in rows) == 1
+    assert datasets.verify_snapshot(conn, snapshot_id=snap["id"])["examples_ok"] is True
+
+
+def test_a_snapshot_never_holds_an_example_twice(conn, world):
+    """Without a primary key, v5 checks its hashes itself: two identical rows whose stored
+    prompt hashes disagree (a stale hash) survive exact dedup, and the snapshot is refused."""
+    tenant, route = world
+    a = log(conn, tenant, route, messages=_user("same"), completion="same", fb_explicit=1)
+    b = log(conn, tenant, route, messages=_user("same"), completion="same", fb_explicit=1)
+    for row, h in ((a, b"\x01" * 32), (b, b"\x02" * 32)):
+        conn.execute(
+            "INSERT INTO obs.prompt_neighbour_scan (log_id, created_at, tenant_id, route, radius,"
+            " max_neighbours, prompt_hash, scanned_at) VALUES (%s, %s, %s, %s, 0.2, 10, %s, now())"
+            " ON CONFLICT (log_id, created_at) DO UPDATE SET prompt_hash = excluded.prompt_hash,"
+            " radius = 0.2",
+            (row["id"], row["created_at"], tenant["id"], route["name"], h),
+        )
+    datasets.refresh_candidates(conn)
+    with pytest.raises(psycopg.errors.UniqueViolation, match="1 examples twice"):
+        _snapshot(conn, tenant, route, "kto", refresh=False, dedup_threshold=0)
+
+
+def test_examples_are_inserted_by_the_snapshot_writer_only(conn, world, db_url):
+    tenant, route = world
+    _some_traffic(conn, tenant, route, 4)
+    sid = _draft(conn, tenant, route)
+    with psycopg.connect(db_url, autocommit=True, row_factory=dict_row) as app:
+        with pytest.raises(psycopg.errors.InsufficientPrivilege), app.transaction():
+            as_tenant(app, tenant["id"])
+            app.execute(
+                "INSERT INTO train.dataset_example (snapshot_id, example_hash, split, log_ids,"
+                " example) VALUES (%s, '\\x09', 'train', '{9}', '{}')",
+                (sid,),
+            )
+        with app.transaction():  # ... yet the API role's snapshots are written
+            as_tenant(app, tenant["id"])
+            snap = _snapshot(app, tenant, route, "kto", dedup_threshold=0)
+    assert snap["n_train"] + snap["n_eval"] == 4
+    # Naming a draft in the setting exempts only that draft's rows from the checks.
+    conn.execute("BEGIN")
+    conn.execute("SELECT set_config('cft.writing_snapshot', %s, true)", (sid,))
+    with pytest.raises(psycopg.errors.ForeignKeyViolation):
+        conn.execute(
+            "INSERT INTO train.dataset_example (snapshot_id, example_hash, split, log_ids, example)"
+            " VALUES (%s, '\\x09', 'train', '{9}', '{}')",
+            (str(uuid.uuid4()),),
+        )
+    conn.execute("ROLLBACK")
+
+
 def _regen(conn, tenant, route, prompt, *, rej_tokens=10, cho_tokens=10, **child):
     rej = log(
         conn,
@@ -746,6 +882,20 @@ def test_small_snapshot_still_has_one_eval_example_and_verifies(conn, world):
     assert ev(snap) == ev(again)
     none = _snapshot(conn, tenant, route, "kto", dedup_threshold=0, eval_pct=0)
     assert none["n_eval"] == 0
+
+
+def test_migration_0014_down_and_up_again(pg_server):
+    query = (
+        "SELECT to_regprocedure('train.create_snapshot_v5(int, text, text, timestamptz,"
+        " timestamptz, double precision, int, int, text)') IS NOT NULL,"
+        " to_regclass('train.dataset_example_pkey') IS NOT NULL,"
+        " to_regclass('train.dataset_example_snapshot_idx') IS NOT NULL,"
+        " (SELECT tgtype & 1 = 1 FROM pg_trigger WHERE tgname = 'dataset_example_insert_checked'),"
+        " has_table_privilege('cft_app', 'train.dataset_example', 'INSERT')"
+    )
+    up, down, up_again = testdb.migration_round_trip(pg_server, "0013", query)
+    assert up == up_again == (True, False, True, True, False)
+    assert down == (False, True, False, False, True)
 
 
 def test_migration_0013_down_and_up_again(pg_server):
