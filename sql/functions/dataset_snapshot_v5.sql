@@ -1,18 +1,21 @@
--- Snapshots, fifth version: the same snapshot as train.create_snapshot_v5 (signature, rules,
--- counts, query_sql, split and set_hash; see sql/functions/dataset_snapshot_v4.sql) without
--- copying the candidates. v4 built every candidate's example into a temp table (400k wide
--- rows at 1M log rows, written to temp files) and read the survivors back; the dedup steps
--- need keys only. Here
---   * the view is locked IN SHARE MODE for the transaction: a concurrent REFRESH ... CONCURRENTLY
---     (EXCLUSIVE) waits until the snapshot is frozen, so a view row's TID stays valid
---     throughout (other snapshots and readers are not blocked);
---   * the candidate table holds keys, ranks and hashes and the TID of each view row;
---   * the survivors are read from the view by TID in example-hash order (a nested loop, no
---     sort of wide rows) and each example is built once, as it is inserted;
---   * the candidate table is ANALYZEd (a sample of narrow rows: milliseconds) so the dedup
---     joins hash their small side, and the candidate scan hashes the view against the
---     neighbour-scan table whatever the view's statistics (a view recreated by a migration has
---     none until autovacuum reaches it: the planner chose 400k index probes, +1 s at 1M rows).
+-- Snapshots, fifth version: the same snapshot as train.create_snapshot_v4 (signature, rules,
+-- counts, split and set_hash; see sql/functions/dataset_snapshot_v4.sql) without copying the
+-- candidates. v4 built every candidate's example into a temp table (400k wide rows at 1M log
+-- rows, spilled to temp files), sorted the survivors by hash and inserted them under a
+-- primary key. The dedup steps need keys only, so here
+--   * the candidate table holds keys, ranks, hashes and each candidate's TID in the view
+--     (ANALYZEd: a sample of narrow rows, milliseconds, so the dedup joins hash their small
+--     side);
+--   * the survivors are read back from the view by TID, in heap order, and each example is
+--     built once, from its view row, as it is inserted (no sort: train.dataset_example has no
+--     key since 0014, see triggers/dataset_example_append_v1.sql);
+--   * the split, set_hash and a check that no hash repeats come from the survivors' keys.
+-- The view is read twice. Its rows cannot move in between (this transaction holds the view's
+-- ACCESS SHARE lock, so a plain REFRESH waits), but a REFRESH ... CONCURRENTLY may commit and
+-- delete the rows it replaces: their TIDs then find nothing, the count of written examples
+-- falls short, and the snapshot is refused (serialization_failure; the service takes it again).
+-- query_sql is the candidate query; params.write is the statement that builds and writes the
+-- examples.
 CREATE OR REPLACE FUNCTION train.create_snapshot_v5(
   p_tenant_id       int,
   p_route           text,
@@ -124,8 +127,8 @@ BEGIN
   -- The candidate query: $1 tenant, $2 route, $3 since, $4 until, $5 the route's oldest log
   -- row (params.oldest_log_row: older candidates went with their partition). The prompt hash
   -- is the one stored when the row was embedded, computed here only for rows not searched
-  -- yet (or not embedded). Each candidate's example is built here, once; its hash comes from
-  -- the view.
+  -- yet (or not embedded); the example's hash comes from the view, and cand is the view row's
+  -- TID (the example is built from it at the write).
   v_sql := format($q$SELECT c.prompt_log_id, c.prompt_created_at, c.rating, c.created_at,
        (coalesce(t.consent_training, false) AND c.prompt_created_at >= $5
         AND (c.prompt_log_id, c.prompt_created_at) NOT IN (TABLE pg_temp.snapshot_dead)%s
@@ -138,6 +141,7 @@ BEGIN
   LEFT JOIN tenant t ON t.id = c.tenant_id
   LEFT JOIN obs.prompt_neighbour_scan s
     ON s.log_id = c.prompt_log_id AND s.created_at = c.prompt_created_at
+   AND s.tenant_id = $1 AND s.route = $2  -- (the row's own: only the route's marks are read)
  WHERE c.tenant_id = $1 AND c.route = $2 AND c.created_at >= $3 AND c.created_at < $4$q$,
     v_live, v_view);
 
@@ -152,7 +156,9 @@ BEGIN
   DROP TABLE IF EXISTS pg_temp.snapshot_candidate;
   SELECT min(l.created_at) INTO v_oldest FROM obs.inference_log l
    WHERE l.tenant_id = p_tenant_id AND l.route = p_route;
-  -- Hash joins whatever the view's statistics say.
+  -- Hash joins whatever the view's statistics say (a view a migration just recreated has none
+  -- until autovacuum reaches it: the planner chose 400k index probes, +1 s at 1M rows); both
+  -- sides are read by tenant and route, so a small route reads little.
   PERFORM set_config('enable_nestloop', 'off', true);
   PERFORM set_config('enable_mergejoin', 'off', true);
   EXECUTE 'CREATE TEMP TABLE snapshot_candidate ON COMMIT DROP AS ' || v_sql
@@ -178,7 +184,7 @@ BEGIN
    AND e.distance < $5 AND a.prompt_hash <> b.prompt_hash$q$;
 
   -- Exact dedup (one row per normalised prompt: the best-rated, then newest, then highest id;
-  -- keys only, cand is its row in snapshot_candidate) and, in the same statement, the
+  -- keys only, cand is its row in the view) and, in the same statement, the
   -- semantic losers among the stored edges: of each near pair the worse-ranked one goes.
   -- Survivors whose neighbours were not searched within the threshold are probed below, and
   -- the losers of those pairs are added.
