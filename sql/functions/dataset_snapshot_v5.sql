@@ -130,20 +130,22 @@ BEGIN
   -- yet (or not embedded); the example's hash comes from the view, and cand is the view row's
   -- TID (the example is built from it at the write).
   v_sql := format($q$SELECT c.prompt_log_id, c.prompt_created_at, c.rating, c.created_at,
-       (coalesce(t.consent_training, false) AND c.prompt_created_at >= $5
+       (coalesce((SELECT t.consent_training FROM tenant t WHERE t.id = $1), false)
+        AND c.prompt_created_at >= $5
         AND (c.prompt_log_id, c.prompt_created_at) NOT IN (TABLE pg_temp.snapshot_dead)%s
        ) AS live_ok,
        s.log_id IS NOT NULL AS has_embedding,
        s.radius AS neighbour_radius,
-       coalesce(s.prompt_hash, train.prompt_hash_v1(c.prompt)) AS prompt_hash,
+       coalesce(s.prompt_hash,
+                (SELECT train.prompt_hash_v1(v.prompt) FROM %s v WHERE v.ctid = c.ctid))
+         AS prompt_hash,
        c.example_hash, c.ctid AS cand
   FROM %s c
-  LEFT JOIN tenant t ON t.id = c.tenant_id
   LEFT JOIN obs.prompt_neighbour_scan s
     ON s.log_id = c.prompt_log_id AND s.created_at = c.prompt_created_at
    AND s.tenant_id = $1 AND s.route = $2  -- (the row's own: only the route's marks are read)
  WHERE c.tenant_id = $1 AND c.route = $2 AND c.created_at >= $3 AND c.created_at < $4$q$,
-    v_live, v_view);
+    v_live, v_view, v_view);
 
   -- The dead rows: marked (deleted or flagged since the last refresh) and really gone or PII.
   -- Markers may be conservative (a row moved out of DEFAULT is marked yet still there), so the
@@ -183,9 +185,10 @@ BEGIN
    AND e.a_created_at >= $3
    AND e.distance < $5 AND a.prompt_hash <> b.prompt_hash$q$;
 
-  -- Exact dedup (one row per normalised prompt: the best-rated, then newest, then highest id;
-  -- keys only, cand is its row in the view) and, in the same statement, the
-  -- semantic losers among the stored edges: of each near pair the worse-ranked one goes.
+  -- Exact dedup (one row per normalised prompt: the best-rated, then newest, then highest id,
+  -- then the lowest example hash, as two preference pairs may share a prompt row and v4 kept
+  -- either; keys only, cand is its row in the view) and, in the same statement, the semantic
+  -- losers among the stored edges: of each near pair the worse-ranked one goes.
   -- Survivors whose neighbours were not searched within the threshold are probed below, and
   -- the losers of those pairs are added.
   DROP TABLE IF EXISTS pg_temp.snapshot_keep;
@@ -198,7 +201,7 @@ WITH lc AS MATERIALIZED (
 ), k AS MATERIALIZED (
   SELECT DISTINCT ON (prompt_hash) *
     FROM lc
-   ORDER BY prompt_hash, rating DESC, created_at DESC, prompt_log_id DESC
+   ORDER BY prompt_hash, rating DESC, created_at DESC, prompt_log_id DESC, example_hash
 ), p AS (%s
 ), loser AS (
   SELECT DISTINCT CASE WHEN (a.rating, a.created_at, a.prompt_log_id)
@@ -300,7 +303,8 @@ SELECT $1, c.example_hash, CASE WHEN %s < $2 THEN 'eval' ELSE 'train' END, c.log
     'since', v_since, 'until', v_until, 'view', v_view,
     'dedup_threshold', p_dedup_threshold, 'neighbours', p_neighbours, 'eval_pct', p_eval_pct,
     'oldest_log_row', v_oldest,
-    'exact_dedup', 'train.prompt_hash_v1(prompt); keep max (rating, created_at, prompt_log_id)',
+    'exact_dedup', 'train.prompt_hash_v1(prompt); keep max (rating, created_at, prompt_log_id),'
+                   || ' then min example_hash',
     'semantic_dedup', E'-- lc: the live candidates (prompt_log_id, prompt_created_at, prompt_hash)\n'
                       || v_edges || E';\n-- rows not searched within the threshold:\n' || v_probe
                       || E';\n-- then the worse-ranked (rating, created_at, prompt_log_id) of'

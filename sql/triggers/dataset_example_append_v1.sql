@@ -50,8 +50,7 @@ DROP TRIGGER dataset_example_insert_checked ON train.dataset_example;
 CREATE TRIGGER dataset_example_insert_checked
   BEFORE INSERT ON train.dataset_example
   FOR EACH ROW
-  WHEN (NEW.snapshot_id IS DISTINCT FROM
-        nullif(current_setting('cft.writing_snapshot', true), '')::uuid)
+  WHEN (NEW.snapshot_id::text IS DISTINCT FROM current_setting('cft.writing_snapshot', true))
   EXECUTE FUNCTION train.dataset_example_insert_check_v1();
 
 REVOKE INSERT ON train.dataset_example FROM cft_app;
