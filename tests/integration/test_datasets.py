@@ -232,10 +232,13 @@ def _wait_for_lock(conn: Any, pid: int) -> None:
     pytest.fail("the snapshot never reached the locked table")
 
 
-def _snapshot_across_a_refresh(conn, db_url, take) -> Any:
-    """Run take(connection) in a thread, held after reading its candidates (the draft's insert
-    waits on a lock), while a candidate changes and its view is refreshed CONCURRENTLY;
-    returns what take returned or raised."""
+def _snapshot_across_a_refresh(conn, db_url, world, take) -> Any:
+    """Six KTO candidates; run take(connection) in a thread, held after reading its candidates
+    (the draft's insert waits on a lock), while a candidate changes and its view is refreshed
+    CONCURRENTLY; returns what take returned or raised."""
+    tenant, route = world
+    _some_traffic(conn, tenant, route, 6)
+    datasets.refresh_candidates(conn)
     out: dict[str, Any] = {}
     with (
         psycopg.connect(db_url) as blocker,
@@ -268,11 +271,10 @@ def test_a_refresh_between_reading_and_writing_refuses_the_snapshot(conn, world,
     """v5 reads the view's keys, then the survivors' rows by TID: rows a concurrent refresh
     replaced in between are gone, so the snapshot is refused, not written short."""
     tenant, route = world
-    _some_traffic(conn, tenant, route, 6)
-    datasets.refresh_candidates(conn)
     err = _snapshot_across_a_refresh(
         conn,
         db_url,
+        world,
         lambda c: c.execute(
             "SELECT id FROM train.create_snapshot_v5(%s, %s, 'kto', p_dedup_threshold => 0)",
             (tenant["id"], route["name"]),
@@ -286,11 +288,10 @@ def test_a_refresh_between_reading_and_writing_refuses_the_snapshot(conn, world,
 
 def test_the_service_takes_a_refused_snapshot_again(conn, world, db_url):
     tenant, route = world
-    _some_traffic(conn, tenant, route, 6)
-    datasets.refresh_candidates(conn)
     snap = _snapshot_across_a_refresh(
         conn,
         db_url,
+        world,
         lambda c: datasets.create_snapshot(
             c,
             tenant_id=tenant["id"],
