@@ -322,11 +322,13 @@ SELECT $1, c.example_hash, CASE WHEN %s < $2 THEN 'eval' ELSE 'train' END, c.log
 
   -- The split, the set_hash and the distinctness of the hashes, from the survivors' keys: the
   -- examples written below are the view rows these keys were read from.
+  -- (Sorted once: both aggregates take the presorted input.)
   EXECUTE format($q$SELECT count(*) FILTER (WHERE %1$s >= $1), count(*) FILTER (WHERE %1$s < $1),
        count(*) - count(DISTINCT x.example_hash),
        encode(sha256(coalesce(string_agg(x.example_hash, ''::bytea ORDER BY x.example_hash),
                               ''::bytea)), 'hex')
-  FROM snapshot_keep x WHERE NOT x.loser$q$, v_bucket)
+  FROM (SELECT example_hash FROM snapshot_keep WHERE NOT loser ORDER BY example_hash) x$q$,
+    v_bucket)
     INTO v_train, v_eval, v_repeated, v_hash USING p_eval_pct;
   IF v_repeated > 0 THEN  -- what the primary key refused before 0014
     RAISE EXCEPTION 'snapshot would hold % examples twice', v_repeated
