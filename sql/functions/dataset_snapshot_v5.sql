@@ -42,7 +42,7 @@ AS $fn$
 DECLARE
   v_until   timestamptz := coalesce(p_until, now());
   v_since   timestamptz := coalesce(p_since, coalesce(p_until, now()) - interval '60 days');
-  v_id      uuid := uuidv7();  -- time-ordered: the examples' primary key grows at its right edge
+  v_id      uuid := uuidv7();  -- time-ordered: the examples' snapshot_id index grows at its right edge
   v_view    text;
   v_example text;
   v_live    text := '';
@@ -52,6 +52,7 @@ DECLARE
   v_edges   text;
   v_probe   text;
   v_write   text;
+  v_dead    text;
   -- train.split_bucket_v1(x.example_hash), written out
   v_bucket  text := '((get_byte(x.example_hash, 0)::bigint << 24) | (get_byte(x.example_hash, 1) << 16)'
                     ' | (get_byte(x.example_hash, 2) << 8) | get_byte(x.example_hash, 3)) % 100';
@@ -125,7 +126,8 @@ BEGIN
   v_counts := v_counts || jsonb_build_object('view_rows', v_n);
 
   -- The candidate query: $1 tenant, $2 route, $3 since, $4 until, $5 the route's oldest log
-  -- row (params.oldest_log_row: older candidates went with their partition). The prompt hash
+  -- row (params.oldest_log_row: older candidates went with their partition); snapshot_dead is
+  -- params.dead_rows, below. The prompt hash
   -- is the one stored when the row was embedded, computed here only for rows not searched
   -- yet (or not embedded); the example's hash comes from the view, and cand is the view row's
   -- TID (the example is built from it at the write).
@@ -150,11 +152,11 @@ BEGIN
   -- The dead rows: marked (deleted or flagged since the last refresh) and really gone or PII.
   -- Markers may be conservative (a row moved out of DEFAULT is marked yet still there), so the
   -- log is probed for the marked rows alone. Usually empty (a refresh clears the markers).
+  v_dead := $q$SELECT d.log_id, d.created_at FROM obs.deleted_log d
+ WHERE NOT EXISTS (SELECT 1 FROM obs.inference_log x
+                    WHERE x.id = d.log_id AND x.created_at = d.created_at AND x.pii_flags = 0)$q$;
   DROP TABLE IF EXISTS pg_temp.snapshot_dead;
-  CREATE TEMP TABLE snapshot_dead ON COMMIT DROP AS
-  SELECT d.log_id, d.created_at FROM obs.deleted_log d
-   WHERE NOT EXISTS (SELECT 1 FROM obs.inference_log x
-                      WHERE x.id = d.log_id AND x.created_at = d.created_at AND x.pii_flags = 0);
+  EXECUTE 'CREATE TEMP TABLE snapshot_dead ON COMMIT DROP AS ' || v_dead;
   DROP TABLE IF EXISTS pg_temp.snapshot_candidate;
   SELECT min(l.created_at) INTO v_oldest FROM obs.inference_log l
    WHERE l.tenant_id = p_tenant_id AND l.route = p_route;
@@ -312,6 +314,7 @@ SELECT $1, c.example_hash, CASE WHEN %s < $2 THEN 'eval' ELSE 'train' END, c.log
     'split', 'eval when train.split_bucket_v1(example_hash) < eval_pct; if none is and there'
              || ' are >= 2 examples, the one with the lowest (bucket, example_hash)',
     'set_hash', 'sha256 over the concatenated sorted example hashes',
+    'dead_rows', v_dead,
     'write', v_write);
 
   -- A draft (set_hash NULL) takes its examples, then is sealed below.

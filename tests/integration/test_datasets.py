@@ -781,6 +781,9 @@ def test_rebuild_gives_identical_split_and_set_hash(conn, world):
     ).fetchone()["h"]
     assert h == a["set_hash"]
     assert "FROM train.kto_candidate_v1 c" in a["query_sql"]
+    # The statements that are not the candidate query are kept with it, as run.
+    assert "FROM obs.deleted_log d" in a["params"]["dead_rows"]
+    assert "train.kto_example_v1(c.prompt, c.completion, c.label)" in a["params"]["write"]
     assert a["params"]["until"] and a["params"]["eval_pct"] == 20
 
 
