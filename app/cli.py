@@ -78,6 +78,7 @@ def _migrate(args: argparse.Namespace) -> int:
 def _serve(args: argparse.Namespace) -> int:
     import uvicorn
 
+    from app.core.http_server import server_options
     from app.main import create_app
 
     settings = get_settings()
@@ -90,7 +91,7 @@ def _serve(args: argparse.Namespace) -> int:
         f"cft API listening on http://{host}:{port}  (health: http://{host}:{port}/healthz)",
         flush=True,
     )
-    uvicorn.run(create_app(settings, db_url=url), host=host, port=port, log_level="warning")
+    uvicorn.run(create_app(settings, db_url=url), host=host, port=port, **server_options())
     return 0
 
 

@@ -2,9 +2,14 @@
 
 from __future__ import annotations
 
+import http.client
+import time
+from urllib.parse import urlsplit
+
 import httpx
 import pytest
 
+from app.core.http_server import KEEP_ALIVE_S
 from app.main import create_app
 from tests.support.servers import serve_app
 
@@ -32,3 +37,25 @@ def test_unknown_path_gets_openai_error_shape(api):
     r = httpx.get(f"{api}/v1/nothing-here")
     assert r.status_code == 404
     assert set(r.json()["error"]) >= {"message", "type", "code"}
+
+
+def test_an_idle_keep_alive_connection_outlives_client_pools(api):
+    """httpx (the OpenAI SDK) reuses connections idle up to 5 s, uvicorn's default keep-alive:
+    a request on a connection the server is closing fails with a reset. Ours stay open
+    longer, so the same connection still answers after 6 s idle."""
+    assert KEEP_ALIVE_S > 60
+    url = urlsplit(api)
+    conn = http.client.HTTPConnection(url.hostname, url.port, timeout=10)
+    try:
+        conn.request("GET", "/healthz")
+        first = conn.getresponse()
+        first.read()
+        assert first.status == 200
+        sock = conn.sock
+        time.sleep(6)
+        conn.request("GET", "/healthz")  # raises RemoteDisconnected if the server closed it
+        again = conn.getresponse()
+        again.read()
+        assert again.status == 200 and conn.sock is sock
+    finally:
+        conn.close()

@@ -12,6 +12,8 @@ from typing import Any
 import httpx
 import uvicorn
 
+from app.core.http_server import server_options
+
 
 def free_port() -> int:
     """A TCP port on 127.0.0.1 that nothing listens on right now."""
@@ -26,7 +28,7 @@ def serve_app(
 ) -> Iterator[str]:
     """Run an ASGI app with uvicorn in a thread (on port, or a free one); yield its base URL."""
     port = port or free_port()
-    config = uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning", lifespan="on")
+    config = uvicorn.Config(app, host="127.0.0.1", port=port, lifespan="on", **server_options())
     server = uvicorn.Server(config)
     thread = threading.Thread(target=server.run, daemon=True)
     thread.start()

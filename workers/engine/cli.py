@@ -33,6 +33,7 @@ def run(args: argparse.Namespace) -> int:
     """Load the model, then serve until interrupted."""
     import uvicorn
 
+    from app.core.http_server import server_options
     from workers.engine.core import Engine
     from workers.engine.server import create_app
 
@@ -53,7 +54,7 @@ def run(args: argparse.Namespace) -> int:
         engine.load_adapter(name, path)
     print(f"cft engine serving {engine.base_name} on http://{args.host}:{args.port}", flush=True)
     try:
-        uvicorn.run(create_app(engine), host=args.host, port=args.port, log_level="warning")
+        uvicorn.run(create_app(engine), host=args.host, port=args.port, **server_options())
     finally:
         engine.close()
     return 0
