@@ -114,11 +114,7 @@ class Client:
     def __init__(self, api: str, keys: Keys):
         self.api = api.rstrip("/")
         self.keys = keys
-        # Idle connections are dropped well before any server's keep-alive timeout (a reused
-        # connection the server is closing fails the request: app/core/http_server.py).
-        self.http = httpx.Client(
-            base_url=self.api, timeout=120, limits=httpx.Limits(keepalive_expiry=2.0)
-        )
+        self.http = httpx.Client(base_url=self.api, timeout=120)
         self.openai = openai.OpenAI(
             base_url=self.api + "/v1", api_key=keys.client, max_retries=2, timeout=300
         )
