@@ -326,7 +326,9 @@ SELECT $1, c.example_hash, CASE WHEN %s < $2 THEN 'eval' ELSE 'train' END, c.log
   -- The split, the set_hash and the distinctness of the hashes, from the survivors' keys: the
   -- examples written below are the view rows these keys were read from.
   -- (Sorted once: both aggregates take the presorted input.)
-  EXECUTE format($q$SELECT count(*) FILTER (WHERE %1$s >= $1), count(*) FILTER (WHERE %1$s < $1),
+  -- (The eval count is one aggregate: written twice, it is computed once.)
+  EXECUTE format($q$SELECT count(*) - count(*) FILTER (WHERE %1$s < $1),
+       count(*) FILTER (WHERE %1$s < $1),
        count(*) - count(DISTINCT x.example_hash),
        encode(sha256(coalesce(string_agg(x.example_hash, ''::bytea ORDER BY x.example_hash),
                               ''::bytea)), 'hex')
