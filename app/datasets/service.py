@@ -1,6 +1,6 @@
 """Snapshot rules: freeze candidates into train.dataset_snapshot and export them for TRL.
 
-The work happens in SQL (sql/functions/dataset_snapshot_v5.sql); this module calls it in the
+The work happens in SQL (sql/functions/dataset_snapshot_v6.sql); this module calls it in the
 caller's transaction (a savepoint, retried when a concurrent refresh moved the candidates)
 and reads the frozen rows back. Example formats (TRL conversational):
 sft `{"messages"}`, dpo/orpo/simpo `{"prompt", "chosen", "rejected"}`, kto
@@ -25,7 +25,7 @@ SPLITS = ("train", "eval")
 DEFAULT_DEDUP_THRESHOLD = 0.1
 DEFAULT_EVAL_PCT = 10
 DEFAULT_NEIGHBOURS = 10
-SNAPSHOT_FUNCTION = "train.create_snapshot_v5"
+SNAPSHOT_FUNCTION = "train.create_snapshot_v6"
 # A snapshot not taken with refresh=True reads its candidate view twice (keys, then the
 # survivors' rows); a REFRESH ... CONCURRENTLY committed in between is detected and reported as
 # serialization_failure, nothing kept. Taken again, it reads the refreshed view.
