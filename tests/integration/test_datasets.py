@@ -268,15 +268,15 @@ def _snapshot_across_a_refresh(conn, db_url, world, take) -> Any:
 
 
 def test_a_refresh_between_reading_and_writing_refuses_the_snapshot(conn, world, db_url):
-    """v5 reads the view's keys, then the survivors' rows by TID: rows a concurrent refresh
-    replaced in between are gone, so the snapshot is refused, not written short."""
+    """The snapshot reads the view's keys, then the survivors' rows by TID: rows a concurrent
+    refresh replaced in between are gone, so the snapshot is refused, not written short."""
     tenant, route = world
     err = _snapshot_across_a_refresh(
         conn,
         db_url,
         world,
         lambda c: c.execute(
-            "SELECT id FROM train.create_snapshot_v5(%s, %s, 'kto', p_dedup_threshold => 0)",
+            "SELECT id FROM train.create_snapshot_v6(%s, %s, 'kto', p_dedup_threshold => 0)",
             (tenant["id"], route["name"]),
         ).fetchone(),
     )
@@ -312,8 +312,9 @@ def test_the_service_takes_a_refused_snapshot_again(conn, world, db_url):
 
 
 def test_a_snapshot_never_holds_an_example_twice(conn, world):
-    """Without a primary key, v5 checks its hashes itself: two identical rows whose stored
-    prompt hashes disagree (a stale hash) survive exact dedup, and the snapshot is refused."""
+    """Without a primary key, the snapshot writer checks its hashes itself: two identical rows
+    whose stored prompt hashes disagree (a stale hash) survive exact dedup, and the snapshot is
+    refused."""
     tenant, route = world
     a = log(conn, tenant, route, messages=_user("same"), completion="same", fb_explicit=1)
     b = log(conn, tenant, route, messages=_user("same"), completion="same", fb_explicit=1)
@@ -783,7 +784,7 @@ def test_rebuild_gives_identical_split_and_set_hash(conn, world):
     assert "FROM train.kto_candidate_v1 c" in a["query_sql"]
     # The statements that are not the candidate query are kept with it, as run.
     assert "FROM obs.deleted_log d" in a["params"]["dead_rows"]
-    assert "train.kto_example_v1(c.prompt, c.completion, c.label)" in a["params"]["write"]
+    assert "c.log_ids, c.example\n  FROM train.kto_candidate_v1 c" in a["params"]["write"]
     assert a["params"]["until"] and a["params"]["eval_pct"] == 20
 
 
@@ -888,25 +889,38 @@ def test_small_snapshot_still_has_one_eval_example_and_verifies(conn, world):
     assert none["n_eval"] == 0
 
 
+def test_migration_0015_down_and_up_again(pg_server):
+    signature = "(int, text, text, timestamptz, timestamptz, double precision, int, int, text)"
+    query = (
+        f"SELECT to_regprocedure('train.create_snapshot_v6{signature}') IS NOT NULL,"
+        f" to_regprocedure('train.create_snapshot_v5{signature}') IS NOT NULL,"
+        f" to_regprocedure('train.create_snapshot_v1{signature}') IS NOT NULL,"
+        " (SELECT array_agg(attname ORDER BY attname) FROM pg_attribute"
+        "   WHERE attrelid = 'train.pair_candidate_v1'::regclass"
+        "     AND attname IN ('example', 'prompt', 'chosen', 'rejected')),"
+        " (SELECT count(*) FROM train.kto_candidate_v1),"
+        " has_table_privilege('cft_dashboard', 'train.kto_candidate_v1', 'SELECT')"
+    )
+    up, down, up_again = testdb.migration_round_trip(pg_server, "0014", query)
+    assert up == up_again == (True, False, False, ["example"], 0, True)
+    assert down == (False, True, True, ["chosen", "prompt", "rejected"], 0, True)
+
+
 def test_migration_0014_down_and_up_again(pg_server):
     query = (
-        "SELECT to_regprocedure('train.create_snapshot_v5(int, text, text, timestamptz,"
-        " timestamptz, double precision, int, int, text)') IS NOT NULL,"
-        " to_regclass('train.dataset_example_pkey') IS NOT NULL,"
+        "SELECT to_regclass('train.dataset_example_pkey') IS NOT NULL,"
         " to_regclass('train.dataset_example_snapshot_idx') IS NOT NULL,"
         " (SELECT tgtype & 1 = 1 FROM pg_trigger WHERE tgname = 'dataset_example_insert_checked'),"
         " has_table_privilege('cft_app', 'train.dataset_example', 'INSERT')"
     )
     up, down, up_again = testdb.migration_round_trip(pg_server, "0013", query)
-    assert up == up_again == (True, False, True, True, False)
-    assert down == (False, True, False, False, True)
+    assert up == up_again == (False, True, True, False)
+    assert down == (True, False, False, True)
 
 
 def test_migration_0013_down_and_up_again(pg_server):
     query = (
         "SELECT to_regclass('obs.deleted_log') IS NOT NULL,"
-        " to_regprocedure('train.create_snapshot_v4(int, text, text, timestamptz, timestamptz,"
-        " double precision, int, int, text)') IS NOT NULL,"
         " to_regclass('train.dataset_example_log_ids_idx') IS NOT NULL,"
         " (SELECT count(*) FROM pg_attribute WHERE attname = 'example_hash'"
         "   AND attrelid = 'train.kto_candidate_v1'::regclass),"
@@ -914,5 +928,5 @@ def test_migration_0013_down_and_up_again(pg_server):
         "   AND tgparentid = 0)"
     )
     up, down, up_again = testdb.migration_round_trip(pg_server, "0012", query)
-    assert up == up_again == (True, True, False, 1, 2)
-    assert down == (False, False, True, 0, 0)
+    assert up == up_again == (True, False, 1, 2)
+    assert down == (False, True, 0, 0)

@@ -221,7 +221,7 @@ def test_forget_needs_admin_and_clears_candidate_views(world, conn):
     )
     assert fb.status_code == 200, fb.text
     conn.execute("SELECT train.refresh_dataset_candidates_v1()")
-    in_view = "SELECT count(*) AS n FROM train.sft_candidate_v1 WHERE prompt::text LIKE %s"
+    in_view = "SELECT count(*) AS n FROM train.sft_candidate_v1 WHERE example::text LIKE %s"
     assert conn.execute(in_view, ("%forgottena q0%",)).fetchone()["n"] == 1
     r = httpx.post(f"{base}/v1/users/forget", json={"user": RAW_USER}, headers=h(world["a_admin"]))
     assert r.status_code == 200, r.text
