@@ -42,6 +42,12 @@ def register(subparsers: Any) -> None:
     v.set_defaults(func=_verify)
 
     r = sub.add_parser("refresh", help="refresh the candidate views")
+    r.add_argument(
+        "--method",
+        action="append",
+        choices=datasets.METHODS,
+        help="refresh only the view this method reads (repeatable); default: every view",
+    )
     r.set_defaults(func=_refresh)
 
 
@@ -116,7 +122,7 @@ def _verify(args: argparse.Namespace) -> int:
 
 def _refresh(args: argparse.Namespace) -> int:
     with connect(database_url()) as conn:
-        datasets.refresh_candidates(conn)
+        datasets.refresh_candidates(conn, args.method)
         conn.commit()
-    print("candidate views refreshed")
+    print(f"candidate views refreshed ({', '.join(args.method) if args.method else 'all'})")
     return 0

@@ -21,7 +21,9 @@ class SnapshotWindow(BaseModel):
     )
     eval_pct: int = Field(10, ge=0, le=100, description="Share of examples in the eval split.")
     neighbours: int = Field(10, ge=1, le=1000, description="HNSW neighbours probed per example.")
-    refresh: bool = Field(True, description="Refresh the candidate views first.")
+    refresh: bool = Field(
+        True, description="Refresh the candidate view this method reads first (CONCURRENTLY)."
+    )
 
 
 class SnapshotCreate(SnapshotWindow):

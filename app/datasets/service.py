@@ -10,7 +10,7 @@ sft `{"messages"}`, dpo/orpo/simpo `{"prompt", "chosen", "rejected"}`, kto
 from __future__ import annotations
 
 import json
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from datetime import datetime
 from pathlib import Path
 from typing import IO, Any
@@ -37,9 +37,16 @@ _SNAPSHOT_COLUMNS = (
 )
 
 
-def refresh_candidates(conn: Connection) -> None:
-    """Refresh the candidate materialised views (CONCURRENTLY: readers are not blocked)."""
-    conn.execute("SELECT train.refresh_dataset_candidates_v2()")
+def refresh_candidates(conn: Connection, methods: Sequence[str] | None = None) -> None:
+    """Refresh the candidate materialised views the methods read, all of them when None
+    (CONCURRENTLY: readers are not blocked)."""
+    bad = [m for m in methods or () if m not in METHODS]
+    if bad:
+        raise BadRequest(f"unknown method {bad[0]!r}: choose one of {', '.join(METHODS)}")
+    conn.execute(
+        "SELECT train.refresh_dataset_candidates_v3(%s::text[])",
+        (list(methods) if methods is not None else None,),
+    )
 
 
 def create_snapshot(
@@ -74,8 +81,8 @@ def create_snapshot(
         for attempt in range(1, SNAPSHOT_ATTEMPTS + 1):
             try:
                 with conn.transaction():
-                    if refresh:
-                        refresh_candidates(conn)
+                    if refresh:  # only the view this method reads
+                        refresh_candidates(conn, [method])
                     row = conn.execute(
                         f"SELECT {_SNAPSHOT_COLUMNS} FROM {SNAPSHOT_FUNCTION}("
                         "%s, %s, %s, %s, %s, %s, %s, %s, %s)",
