@@ -278,7 +278,7 @@ def test_v6_over_the_example_views_builds_the_snapshots_v5_built(conn, db_url):
             fb_edited=True,
             edited_completion=f"edited {edit}",
         )
-    datasets.refresh_candidates(conn)
+    conn.execute("SELECT train.refresh_dataset_candidates_v2()")  # (what 0014 has)
     until = datetime.now(UTC) + timedelta(seconds=1)
     # KTO: edges only; then a threshold above the search radius (every survivor probed live);
     # then no semantic dedup at all. SFT and DPO from the edits.
