@@ -28,10 +28,10 @@ BEGIN
       RAISE EXCEPTION 'unknown method %: choose sft, kto, dpo, orpo or simpo',
         coalesce(v_bad, 'NULL') USING ERRCODE = 'invalid_parameter_value';
     END IF;
-    SELECT array_agg(CASE m WHEN 'sft' THEN 'train.sft_candidate_v1'
-                            WHEN 'kto' THEN 'train.kto_candidate_v1'
-                            ELSE 'train.pair_candidate_v1' END)
-      INTO v_want FROM unnest(p_methods) m;
+    SELECT coalesce(array_agg(CASE m WHEN 'sft' THEN 'train.sft_candidate_v1'
+                                     WHEN 'kto' THEN 'train.kto_candidate_v1'
+                                     ELSE 'train.pair_candidate_v1' END), '{}')
+      INTO v_want FROM unnest(p_methods) m;  -- no methods: no view
   END IF;
   FOREACH v_view IN ARRAY v_all LOOP
     CONTINUE WHEN NOT v_view = ANY (v_want);

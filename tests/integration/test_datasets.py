@@ -246,6 +246,8 @@ def test_a_snapshot_refreshes_only_the_view_its_method_reads(conn, world):
     dpo = _snapshot(conn, tenant, route, "dpo", dedup_threshold=0)
     assert dpo["n_train"] + dpo["n_eval"] == 1
     assert _refreshed(conn) == {"sft": False, "kto": True, "pair": True}
+    datasets.refresh_candidates(conn, [])  # no method, no view
+    assert _refreshed(conn) == {"sft": False, "kto": True, "pair": True}
     with pytest.raises(BadRequest, match="unknown method 'ppo'"):
         datasets.refresh_candidates(conn, ["kto", "ppo"])
     with pytest.raises(psycopg.errors.InvalidParameterValue, match="unknown method ppo"):
