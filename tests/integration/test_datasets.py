@@ -234,6 +234,46 @@ def _view_rows(conn: Any, view: str) -> int:
     return int(conn.execute(f"SELECT count(*) AS n FROM train.{view}_candidate_v1").fetchone()["n"])
 
 
+def _view(conn: Any, view: str) -> dict[Any, Any]:
+    rows = conn.execute(
+        f"SELECT prompt_log_id, example, example_hash, dup_check_off FROM train.{view}_candidate_v1"
+    ).fetchall()
+    assert all(r["dup_check_off"] is None for r in rows)
+    return {r["prompt_log_id"]: r["example"] for r in rows}
+
+
+def test_a_concurrent_refresh_follows_changed_new_and_deleted_rows(conn, world):
+    """The views carry an always-NULL column so that REFRESH ... CONCURRENTLY skips its
+    whole-row duplicate search; the diff must still replace changed rows, add new ones and drop
+    deleted ones, in every view."""
+    tenant, route = world
+    thumbs = log(conn, tenant, route, messages=_user("t"), completion="a", fb_explicit=1)
+    gone = log(conn, tenant, route, messages=_user("g"), completion="b", fb_explicit=1)
+    edit = log(conn, tenant, route, messages=_user("e"), completion="c", fb_edited=True,
+               edited_completion="c, edited")  # fmt: skip
+    datasets.refresh_candidates(conn)
+    before = {v: _view(conn, v) for v in ("kto", "sft", "pair")}
+    assert before["kto"][thumbs["id"]]["label"] is True and gone["id"] in before["kto"]
+    conn.execute("UPDATE obs.inference_log SET fb_explicit = -1 WHERE id = %s", (thumbs["id"],))
+    conn.execute("DELETE FROM obs.inference_log WHERE id = %s", (gone["id"],))
+    conn.execute(
+        "UPDATE obs.inference_log SET edited_completion = 'c, edited twice' WHERE id = %s",
+        (edit["id"],),
+    )
+    new = log(conn, tenant, route, messages=_user("n"), completion="d", fb_explicit=1)
+    datasets.refresh_candidates(conn)
+    after = {v: _view(conn, v) for v in ("kto", "sft", "pair")}
+    assert set(after["kto"]) == {thumbs["id"], new["id"]}
+    assert after["kto"][thumbs["id"]]["label"] is False
+    assert after["sft"][edit["id"]]["messages"][-1]["content"] == "c, edited twice"
+    assert after["pair"][edit["id"]]["chosen"][0]["content"] == "c, edited twice"
+    hashes = conn.execute(
+        "SELECT bool_and(example_hash = train.example_hash_v1(example)) AS ok"
+        " FROM train.kto_candidate_v1"
+    ).fetchone()
+    assert hashes["ok"] is True
+
+
 def test_a_snapshot_refreshes_only_the_view_its_method_reads(conn, world):
     tenant, route = world
     assert _refreshed(conn) == {"sft": False, "kto": False, "pair": False}
