@@ -3,11 +3,11 @@
 -- snapshot freezes, functions/dataset_examples_v1.sql) takes the place of the columns it was
 -- built from (prompt, completion, chosen, rejected), and `example_hash` is its hash.
 -- A refresh built every example already (to hash it); keeping it costs the rows ~37 % more
--- width (jsonb's own headers) and a REFRESH ... CONCURRENTLY ~7 % more time at 1M log rows,
+-- width (jsonb's own headers) and a REFRESH ... CONCURRENTLY 6.5 % more time at 1M log rows,
 -- and a snapshot then copies each survivor's example instead of building it again (the
 -- write of a 384k-example KTO snapshot: 2.0-2.2 s -> 1.15 s; functions/dataset_snapshot_v6.sql).
 -- What a row held before is in its example: the prompt is example->'prompt' (kto, pairs) or
--- the messages without the last one, (example->'messages') - -1 (sft); the completion is
+-- the messages without the last one, (example->'messages') - (-1) (sft); the completion is
 -- example->'completion'->0->>'content', chosen and rejected likewise; label stays a column.
 -- Each example is built once, in the inner query (OFFSET 0 keeps the planner from pulling it
 -- up, which would copy the build into the hash expression: two builds per row).
@@ -18,7 +18,8 @@
 -- the new contents cannot hold two identical rows, and two rows with one key would fail on
 -- the view's unique index. The diff that follows compares rows by their binary image, where
 -- NULL equals NULL. With the column the KTO view refreshes in 3.4-3.6 s instead.
--- Refreshed CONCURRENTLY by train.refresh_dataset_candidates_v2(); each has a unique index.
+-- Refreshed CONCURRENTLY by train.refresh_dataset_candidates_v3() (one view or all; v2 and v1
+-- refresh all); each has a unique index.
 -- (The migration drops the v2 definitions first; its downgrade restores them.)
 
 -- SFT from edits: the user's corrected text is the golden completion.
