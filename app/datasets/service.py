@@ -37,12 +37,16 @@ _SNAPSHOT_COLUMNS = (
 )
 
 
+def _check_method(method: str) -> None:
+    if method not in METHODS:
+        raise BadRequest(f"unknown method {method!r}: choose one of {', '.join(METHODS)}")
+
+
 def refresh_candidates(conn: Connection, methods: Sequence[str] | None = None) -> None:
     """Refresh the candidate materialised views the methods read, all of them when None
     (CONCURRENTLY: readers are not blocked)."""
-    bad = [m for m in methods or () if m not in METHODS]
-    if bad:
-        raise BadRequest(f"unknown method {bad[0]!r}: choose one of {', '.join(METHODS)}")
+    for method in methods or ():
+        _check_method(method)
     conn.execute(
         "SELECT train.refresh_dataset_candidates_v3(%s::text[])",
         (list(methods) if methods is not None else None,),
@@ -64,8 +68,7 @@ def create_snapshot(
     refresh: bool = True,
 ) -> dict[str, Any]:
     """Build, deduplicate, split and freeze one snapshot; returns its row (without examples)."""
-    if method not in METHODS:
-        raise BadRequest(f"unknown method {method!r}: choose one of {', '.join(METHODS)}")
+    _check_method(method)
     args = (
         tenant_id,
         route,
