@@ -263,11 +263,13 @@ def link_and_refresh(conn: psycopg.Connection, url: str, args: argparse.Namespac
 def settle(conn: psycopg.Connection) -> None:
     """Untimed, before each floor + snapshot pair: write out what the previous pair dirtied.
 
-    A KTO snapshot at 1M rows writes ~380 MB (heap, index, WAL). Left in the page cache, the
-    kernel's background writeback of it (2 shared cores here) lands on whichever later pair
-    runs then, mostly on snapshots, the longer half: back-to-back runs grew from 3.3 s to 4.6 s
-    with nothing else running. In production the checkpointer writes data pages in the
-    background too; the bench's server runs with fsync off, so neither side pays an fsync.
+    A KTO snapshot at 1M rows writes ~380 MB (heap, index, WAL). Left in the page cache, its
+    writeback by the kernel (2 shared cores here) could land on any later pair; settled, each
+    pair starts from the same state. (Back-to-back committed snapshots grew from 3.3 s to
+    4.6 s without it; settled runs still slowed once a COPY had run on the server, so the
+    writeback is not the whole cause: see BENCHMARKS.md.) In production the checkpointer writes
+    data pages in the background too; the bench's server runs with fsync off, so neither side
+    pays an fsync.
     """
     # (--database-url without the right to CHECKPOINT: the sync still settles a local server)
     with contextlib.suppress(psycopg.errors.InsufficientPrivilege):
@@ -338,12 +340,11 @@ def run_snapshots(
         t = time.perf_counter()
         datasets.refresh_candidates(conn, methods)
         t_refresh = time.perf_counter() - t
-        against = (
-            f"{t_refresh / floors[methods[0]]:.1f}x the {methods[0].upper()} floor"
-            if methods
-            else f"{t_refresh / floors['kto']:.1f}x the KTO floor"
+        floor = methods[0] if methods else "kto"
+        print(
+            f"refresh of {label} (CONCURRENTLY): {t_refresh:.2f} s ="
+            f" {t_refresh / floors[floor]:.1f}x the {floor.upper()} floor"
         )
-        print(f"refresh of {label} (CONCURRENTLY): {t_refresh:.2f} s = {against}")
     print("(a snapshot with refresh=true, the API's default, refreshes its method's view first)")
 
 
