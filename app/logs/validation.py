@@ -1,0 +1,310 @@
+"""Validation of log records: a hand-written validator that encodes each record as a COPY line.
+
+Records arrive as orjson-parsed dicts; pydantic per row would cost more than the database
+insert, so each field is checked by hand and written straight into the COPY text format of
+the staging table (`ingest.STAGING_COLUMNS`, in that order).
+"""
+
+from __future__ import annotations
+
+import math
+import uuid
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from typing import Any
+
+import orjson
+
+from app.core.config import Settings, get_settings
+from app.core.errors import PayloadTooLarge, Unprocessable
+from app.core.metrics import LOG_REJECTED
+from app.core.pseudonym import user_hash, user_secret
+from app.logs import pii
+
+ROLES = frozenset({"system", "developer", "user", "assistant", "tool", "function"})
+STATUSES = frozenset({"ok", "error", "partial"})
+FIELDS = frozenset(
+    {
+        "request_id",
+        "route",
+        "adapter_id",
+        "model",
+        "experiment",
+        "variant",
+        "messages",
+        "completion",
+        "ttft_ms",
+        "tokens_in",
+        "tokens_out",
+        "user",
+        "embedding",
+        "parent_request_id",
+        "status",
+        "created_at",
+    }
+)
+MAX_TEXT = 256  # route, adapter_id, model, experiment, user
+INT4_MAX = 2**31 - 1
+HALF_MAX = 65504.0
+DEFAULT_ADAPTER = "base"
+
+# COPY text format: backslash, and the row/column separators, are escaped.
+_COPY_ESCAPE = str.maketrans({"\\": "\\\\", "\t": "\\t", "\n": "\\n", "\r": "\\r"})
+_NULL = "\\N"
+
+
+class InvalidRecord(Unprocessable):
+    """One record of a batch is invalid; the message names the record and the field."""
+
+    def __init__(self, index: int | None, field_name: str, message: str, reason: str):
+        where = f"records[{index}].{field_name}" if index is not None else field_name
+        super().__init__(f"{where}: {message}", param=where)
+        self.reason = reason
+
+
+@dataclass
+class Prepared:
+    """Validated records, ready for COPY (one text line each) in arrival order."""
+
+    request_ids: list[str] = field(default_factory=list)
+    lines: list[str] = field(default_factory=list)
+    duplicates: set[int] = field(default_factory=set)  # repeated request_id inside the batch
+
+
+def _text(value: str) -> str:
+    return value.translate(_COPY_ESCAPE)
+
+
+def _opt_str(
+    rec: dict[str, Any], name: str, index: int | None, *, max_len: int | None = MAX_TEXT
+) -> str | None:
+    value = rec.get(name)
+    if value is None:
+        return None
+    if not isinstance(value, str):
+        raise InvalidRecord(index, name, f"must be a string, got {type(value).__name__}", "type")
+    if max_len is not None and len(value) > max_len:
+        raise InvalidRecord(index, name, f"must be at most {max_len} characters", "too_long")
+    if "\x00" in value:
+        raise InvalidRecord(index, name, "must not contain NUL characters", "nul")
+    return value
+
+
+def _opt_int(rec: dict[str, Any], name: str, index: int | None) -> str:
+    value = rec.get(name)
+    if value is None:
+        return _NULL
+    if type(value) is not int:
+        raise InvalidRecord(index, name, f"must be an integer, got {type(value).__name__}", "type")
+    if not 0 <= value <= INT4_MAX:
+        raise InvalidRecord(index, name, f"must be between 0 and {INT4_MAX}", "range")
+    return str(value)
+
+
+def _uuid(value: Any, index: int | None, name: str) -> str:
+    if not isinstance(value, str):
+        raise InvalidRecord(
+            index, name, f"must be a UUID string, got {type(value).__name__}", "type"
+        )
+    try:
+        return str(uuid.UUID(value))
+    except ValueError:
+        raise InvalidRecord(
+            index, name, f"{value[:64]!r} is not a UUID (e.g. 0b6f1b9e-...)", "bad_uuid"
+        ) from None
+
+
+def _content_text(content: Any, index: int | None, m: int) -> str:
+    where = f"messages[{m}].content"
+    if content is None or isinstance(content, str):
+        return content or ""
+    if isinstance(content, list):
+        parts = []
+        for p, part in enumerate(content):
+            if not isinstance(part, dict) or not isinstance(part.get("type"), str):
+                raise InvalidRecord(
+                    index,
+                    f"{where}[{p}]",
+                    "content parts must be objects with a string 'type'",
+                    "messages",
+                )
+            text = part.get("text")
+            if isinstance(text, str):
+                parts.append(text)
+        return "\n".join(parts)
+    raise InvalidRecord(
+        index, where, "must be a string, null or a list of content parts", "messages"
+    )
+
+
+def _messages(value: Any, index: int | None) -> tuple[str, str]:
+    """The messages as JSON text and their concatenated text (for PII detection)."""
+    if not isinstance(value, list) or not value:
+        raise InvalidRecord(
+            index,
+            "messages",
+            'must be a non-empty list of chat messages like {"role": "user", "content": "..."}',
+            "messages",
+        )
+    texts = []
+    for m, msg in enumerate(value):
+        if not isinstance(msg, dict):
+            raise InvalidRecord(index, f"messages[{m}]", "must be an object", "messages")
+        role = msg.get("role")
+        if role not in ROLES:
+            raise InvalidRecord(
+                index,
+                f"messages[{m}].role",
+                f"must be one of {', '.join(sorted(ROLES))}, got {str(role)[:32]!r}",
+                "messages",
+            )
+        if "content" not in msg and not msg.get("tool_calls"):
+            raise InvalidRecord(
+                index, f"messages[{m}]", "needs 'content' (or 'tool_calls')", "messages"
+            )
+        texts.append(_content_text(msg.get("content"), index, m))
+    dumped = orjson.dumps(value).decode()
+    if "\\u0000" in dumped:
+        raise InvalidRecord(index, "messages", "must not contain NUL characters", "nul")
+    return dumped, "\n".join(texts)
+
+
+def _embedding(value: Any, index: int | None, dim: int) -> str:
+    if value is None:
+        return _NULL
+    if not isinstance(value, list) or len(value) != dim:
+        raise InvalidRecord(index, "embedding", f"must be a list of {dim} numbers", "embedding")
+    for x in value:
+        if type(x) not in (int, float) or not math.isfinite(x) or abs(x) > HALF_MAX:
+            raise InvalidRecord(
+                index,
+                "embedding",
+                f"must hold finite numbers within +-{HALF_MAX:g} (halfvec)",
+                "embedding",
+            )
+    return "[" + ",".join(map(str, value)) + "]"
+
+
+def _created_at(value: Any, index: int | None) -> str:
+    if value is None:
+        return _NULL
+    if not isinstance(value, str):
+        raise InvalidRecord(index, "created_at", "must be an ISO-8601 timestamp string", "type")
+    try:
+        ts = datetime.fromisoformat(value)
+    except ValueError:
+        raise InvalidRecord(
+            index,
+            "created_at",
+            f"{value[:40]!r} is not ISO-8601 (e.g. 2026-11-29T10:00:00Z)",
+            "bad_timestamp",
+        ) from None
+    if ts.tzinfo is None:
+        ts = ts.replace(tzinfo=UTC)
+    return ts.isoformat()
+
+
+def prepare_record(rec: Any, index: int | None, *, secret: bytes, dim: int) -> tuple[str, str]:
+    """Validate one record; return its request_id and its COPY line (without ord)."""
+    if not isinstance(rec, dict):
+        raise InvalidRecord(index, "record", "must be a JSON object", "type")
+    unknown = rec.keys() - FIELDS
+    if unknown:
+        name = sorted(unknown)[0]
+        raise InvalidRecord(
+            index, name, f"unknown field; allowed: {', '.join(sorted(FIELDS))}", "unknown_field"
+        )
+    if rec.get("request_id") is None:
+        raise InvalidRecord(
+            index, "request_id", "is required: a client-chosen UUID", "missing_request_id"
+        )
+    request_id = _uuid(rec["request_id"], index, "request_id")
+    route = _opt_str(rec, "route", index)
+    if not route:
+        raise InvalidRecord(index, "route", "is required (the serving slot)", "missing_route")
+    messages, text = _messages(rec.get("messages"), index)
+    adapter_id = _opt_str(rec, "adapter_id", index) or DEFAULT_ADAPTER
+    variant = _opt_str(rec, "variant", index, max_len=1)
+    completion = _opt_str(rec, "completion", index, max_len=None)
+    user = _opt_str(rec, "user", index)
+    status = rec.get("status", "ok")
+    if status not in STATUSES:
+        raise InvalidRecord(
+            index, "status", f"must be one of {', '.join(sorted(STATUSES))}", "status"
+        )
+    parent = rec.get("parent_request_id")
+    parent_id = _NULL if parent is None else _uuid(parent, index, "parent_request_id")
+    if completion:
+        text = text + "\n" + completion
+    flags = pii.detect(text)
+    model = _opt_str(rec, "model", index)
+    experiment = _opt_str(rec, "experiment", index)
+    line = "\t".join(
+        (
+            request_id,
+            _NULL if user is None else "\\\\x" + user_hash(user, secret).hex(),
+            _text(route),
+            _text(adapter_id),
+            _NULL if model is None else _text(model),
+            _NULL if experiment is None else _text(experiment),
+            _NULL if variant is None else _text(variant),
+            _text(messages),
+            _NULL if completion is None else _text(completion),
+            _opt_int(rec, "ttft_ms", index),
+            _opt_int(rec, "tokens_in", index),
+            _opt_int(rec, "tokens_out", index),
+            _embedding(rec.get("embedding"), index, dim),
+            parent_id,
+            str(flags),
+            status,
+            _created_at(rec.get("created_at"), index),
+        )
+    )
+    return request_id, line
+
+
+def records_of(payload: Any, *, max_records: int) -> tuple[list[Any], bool]:
+    """The records of a POST /v1/logs body (one record or {"records": [...]}); batch flag."""
+    if isinstance(payload, dict) and "records" in payload:
+        records = payload["records"]
+        if len(payload) > 1:
+            extra = sorted(payload.keys() - {"records"})[0]
+            raise InvalidRecord(None, extra, "a batch body holds only 'records'", "unknown_field")
+        if not isinstance(records, list) or not records:
+            raise InvalidRecord(None, "records", "must be a non-empty list of log records", "type")
+        if len(records) > max_records:
+            LOG_REJECTED.labels("oversize_batch").inc(len(records))
+            raise PayloadTooLarge(
+                f"a batch holds at most {max_records} records, got {len(records)}:"
+                " split it into smaller batches",
+                param="records",
+            )
+        return records, True
+    if isinstance(payload, dict):
+        return [payload], False
+    raise InvalidRecord(None, "body", 'must be a log record object or {"records": [...]}', "type")
+
+
+def prepare(
+    records: Sequence[Any], *, settings: Settings | None = None, batch: bool = True
+) -> Prepared:
+    """Validate and encode records; the first invalid one fails the whole batch."""
+    settings = settings or get_settings()
+    secret = user_secret(settings)
+    dim = settings.embedding_dim
+    out = Prepared()
+    seen: set[str] = set()
+    try:
+        for i, rec in enumerate(records):
+            request_id, line = prepare_record(rec, i if batch else None, secret=secret, dim=dim)
+            if request_id in seen:
+                out.duplicates.add(i)
+            else:
+                seen.add(request_id)
+                out.lines.append(f"{i}\t{line}\n")
+            out.request_ids.append(request_id)
+    except InvalidRecord as exc:
+        LOG_REJECTED.labels(exc.reason).inc()
+        raise
+    return out
