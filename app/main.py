@@ -21,8 +21,8 @@ from app.experiments import router as experiments_router
 from app.logs import router as logs_router
 from app.privacy import router as privacy_router
 from app.routes import router as routes_router
-from app.routing import gateway
-from app.routing import service as routing
+from app.gateway import gateway
+from app.gateway import service as routing
 from app.training import router as training_router
 
 

@@ -6,7 +6,7 @@ import time
 
 import pytest
 
-from app.routing.table import RouteTable, load_route
+from app.gateway.table import RouteTable, load_route
 from tests.support.factories import make_adapter, make_route, make_tenant
 
 USERS = 100_000

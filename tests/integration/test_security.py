@@ -35,7 +35,7 @@ from app.core import auth
 from app.core.config import Settings
 from app.core.limits import MAX_HEADER_BYTES
 from app.main import create_app
-from app.routing import gateway
+from app.gateway import gateway
 from tests.support import db as testdb
 from tests.support.factories import make_adapter, make_log, make_route, make_tenant
 from tests.support.servers import serve_app

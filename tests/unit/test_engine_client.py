@@ -10,8 +10,8 @@ from typing import Any
 import pytest
 import uvloop
 
-from app.routing import engines
-from app.routing.engines import ENGINE_ERRORS, EngineClient, EngineError
+from app.gateway import engines
+from app.gateway.engines import ENGINE_ERRORS, EngineClient, EngineError
 
 Answer = Callable[[bytes], Awaitable[bytes | None]]  # request bytes -> raw response (None: drop)
 

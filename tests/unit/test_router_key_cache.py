@@ -8,8 +8,8 @@ from typing import Any
 import pytest
 
 from app.core.auth import ApiKey, hash_key
-from app.routing import service
-from app.routing.service import RouterRuntime
+from app.gateway import service
+from app.gateway.service import RouterRuntime
 
 KEY = ApiKey(id=1, tenant_id=7, role="client", prefix="cft_abc")
 TOKEN = "cft_secret-token"

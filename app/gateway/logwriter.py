@@ -20,7 +20,7 @@ import threading
 from collections.abc import Callable
 from typing import Any
 
-log = logging.getLogger("cft.routing.logs")
+log = logging.getLogger("cft.gateway.logs")
 
 WriteBatch = Callable[[list[dict[str, Any]]], None]
 

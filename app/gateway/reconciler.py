@@ -35,10 +35,10 @@ from app.core import artefacts
 from app.core.config import Settings, get_settings
 from app.core.db import Connection, database_url
 from app.core.metrics import COLD_STARTS, RECONCILER_ERRORS, ROUTER_ACTIVE_ADAPTERS
-from app.routing.engines import EngineState, model_ids
-from app.routing.table import CHANNEL
+from app.gateway.engines import EngineState, model_ids
+from app.gateway.table import CHANNEL
 
-log = logging.getLogger("cft.routing.reconciler")
+log = logging.getLogger("cft.gateway.reconciler")
 
 # A refused artefact (sha256 mismatch, fetch failure) is retried after this many seconds.
 RETRY_FAILED_AFTER = 60.0

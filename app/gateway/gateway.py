@@ -38,10 +38,10 @@ from app.core.metrics import (
     ROUTING_DECISIONS,
     child,
 )
-from app.routing.assign import Assignment, RouteState
-from app.routing.engines import ENGINE_ERRORS, EnginePool, EngineState, Reply
+from app.gateway.assign import Assignment, RouteState
+from app.gateway.engines import ENGINE_ERRORS, EnginePool, EngineState, Reply
 
-log = logging.getLogger("cft.routing.gateway")
+log = logging.getLogger("cft.gateway")
 
 router = APIRouter(tags=["router"])
 

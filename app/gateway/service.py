@@ -18,10 +18,10 @@ from app.core.db import Pool, as_tenant
 from app.core.metrics import LOG_QUEUE_DEPTH
 from app.core.pseudonym import user_hash, user_secret
 from app.logs import service as logs
-from app.routing.engines import EnginePool
-from app.routing.logwriter import LogWriter
-from app.routing.reconciler import Reconciler
-from app.routing.table import RouteTable
+from app.gateway.engines import EnginePool
+from app.gateway.logwriter import LogWriter
+from app.gateway.reconciler import Reconciler
+from app.gateway.table import RouteTable
 
 TENANT_KEY = "_tenant_id"
 # Users whose pseudonym the router keeps (an HMAC per call is ~2 µs; a hit is a dict lookup).

@@ -13,9 +13,9 @@ from psycopg.rows import dict_row
 
 from app.core.db import Connection
 from app.core.metrics import ROUTE_CACHE
-from app.routing.assign import Canary, RouteState
+from app.gateway.assign import Canary, RouteState
 
-log = logging.getLogger("cft.routing")
+log = logging.getLogger("cft.gateway")
 
 CHANNEL = "cft_adapter"
 _HITS = ROUTE_CACHE.labels("hit")
