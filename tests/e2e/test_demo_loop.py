@@ -37,7 +37,7 @@ def test_make_run_demo_closes_the_loop(tmp_path: Path, models_dir: Path) -> None
     env = {k: v for k, v in os.environ.items() if not k.startswith("CFT_")}
     env |= {"CFT_HOME": str(home), "CFT_PORT": str(free_port())}
     proc = subprocess.Popen(
-        [sys.executable, "-m", "app.cli", "run", "--demo", "--quick"],
+        [sys.executable, "-m", "workers.cli", "run", "--demo", "--quick"],
         env=env,
         stdin=subprocess.DEVNULL,
         stdout=subprocess.PIPE,

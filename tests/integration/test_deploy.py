@@ -21,8 +21,8 @@ from urllib.parse import urlparse
 import pytest
 import yaml
 
-from app.cli import WORKERS, build_parser
 from app.core.config import Settings
+from workers.cli import WORKERS, build_parser
 
 ROOT = Path(__file__).resolve().parents[2]
 COMPOSE = ROOT / "docker-compose.yml"
@@ -165,7 +165,7 @@ def test_every_cft_command_is_a_real_entry_point() -> None:
             assert args.worker in WORKERS, f"{name}: no worker {args.worker!r} in {list(WORKERS)}"
             workers_used.add(args.worker)
     # Every worker cft has is deployed, except the reconciler: the api runs it in-process
-    # whenever engines are configured (app/routing/service.py), and two would race.
+    # whenever engines are configured (app/gateway/service.py), and two would race.
     missing = set(WORKERS) - workers_used - IN_PROCESS_WORKERS
     assert not missing, f"workers not in compose: {missing}"
     assert not IN_PROCESS_WORKERS & workers_used

@@ -16,11 +16,11 @@ import pytest
 from app.core.artefacts import get_store
 from app.core.config import Settings
 from tests.support.factories import make_adapter, make_route, make_tenant
+from tests.support.lora import make_adapter_dir
 from tests.support.training import make_snapshot
-from workers import base_model
 from workers.evaluator.worker import JUDGE_MODEL, EvalConfig, Evaluator
 
-BASE = base_model.BUNDLED
+QV = ("q_proj", "v_proj")
 
 
 def _heldout(start: int, n: int) -> list[dict[str, Any]]:
@@ -39,34 +39,12 @@ def _heldout(start: int, n: int) -> list[dict[str, Any]]:
 ROOT = Path(__file__).resolve().parents[2]
 
 
-def _adapter_dir(models_dir: Path, target: Path, seed: int | None) -> Path:
-    """A LoRA adapter: seed None = zero-initialised (the base itself), else a random, harmful one."""
-    import torch
-    from peft import LoraConfig, get_peft_model
-
-    if seed is not None:
-        torch.manual_seed(seed)
-    model = get_peft_model(
-        base_model.load_model(BASE, models_dir),
-        LoraConfig(
-            r=4, lora_alpha=16, target_modules=["q_proj", "v_proj"], init_lora_weights=seed is None
-        ),
-    )
-    if seed is not None:
-        with torch.no_grad():
-            for name, param in model.named_parameters():
-                if "lora_B" in name:
-                    param.mul_(4)
-    model.save_pretrained(target)
-    return target
-
-
 @pytest.fixture(scope="module")
 def weights(models_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
     tmp = tmp_path_factory.mktemp("weights")
     return {
-        "good": _adapter_dir(models_dir, tmp / "good", None),
-        "bad": _adapter_dir(models_dir, tmp / "bad", 7),
+        "good": make_adapter_dir(models_dir, tmp / "good", seed=None, rank=4, target_modules=QV),
+        "bad": make_adapter_dir(models_dir, tmp / "bad", seed=7, rank=4, target_modules=QV),
     }
 
 
@@ -215,7 +193,7 @@ def test_requests_and_cli_once(
         "CFT_ENGINE_URLS": "",
     }
     proc = subprocess.run(
-        [sys.executable, "-m", "app.cli", "worker", "eval", "--once"],
+        [sys.executable, "-m", "workers.cli", "worker", "eval", "--once"],
         cwd=ROOT,
         env=env,
         capture_output=True,

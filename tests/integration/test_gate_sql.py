@@ -363,14 +363,13 @@ def test_canary_start_requires_eval_results(conn, world):
 
 
 def test_only_the_owner_may_insert_a_prod_or_canary(conn, world):
-    with pytest.raises(psycopg.errors.InsufficientPrivilege), conn.transaction():
+    with (
+        pytest.raises(psycopg.errors.InsufficientPrivilege, match="may not be created as canary"),
+        conn.transaction(),
+    ):
         conn.execute("SET LOCAL ROLE cft_app")
         conn.execute("SELECT set_config('cft.tenant_id', %s, true)", (str(world["tenant"]["id"]),))
-        conn.execute(
-            "INSERT INTO serve.adapter (id, tenant_id, route, base_model, status, traffic_pct)"
-            " VALUES ('sneaky', %s, %s, 'b', 'canary', 50)",
-            (world["tenant"]["id"], world["route"]["name"]),
-        )
+        make_adapter(conn, route=world["route"], id="sneaky", status="canary", traffic_pct=50)
 
 
 def _promoted_world(conn, world):
@@ -440,7 +439,7 @@ def test_cli_can_promote_exit_codes_and_reasons(db_url, conn, world):
 
     def cli(*args):
         return subprocess.run(
-            [sys.executable, "-m", "app.cli", *args], env=env, capture_output=True, text=True
+            [sys.executable, "-m", "workers.cli", *args], env=env, capture_output=True, text=True
         )
 
     result(conn, world["cand"], "tasks", "accuracy", 0.5)

@@ -1,6 +1,6 @@
 """Command line of the evaluator: `cft worker eval` and `python -m workers.evaluator`.
 
-`app/cli.py` lists this module in WORKERS: it uses add_arguments() and run().
+`workers/cli.py` lists this module in WORKERS: it uses add_arguments() and run().
 """
 
 from __future__ import annotations

@@ -1,6 +1,6 @@
 """Command line of the training worker: `cft worker train` and `python -m workers.trainer`.
 
-`app/cli.py` lists this module in WORKERS: it uses add_arguments() and run().
+`workers/cli.py` lists this module in WORKERS: it uses add_arguments() and run().
 """
 
 from __future__ import annotations

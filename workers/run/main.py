@@ -25,7 +25,7 @@ from app.core.auth import create_key
 from app.core.config import Settings, get_settings
 from app.core.db import connect, database_url, migrate
 from app.demo.loop import Keys, LoopConfig, LoopError, format_report, run_loop
-from app.supervisor import ServiceFailed, Supervisor
+from workers.run.supervisor import ServiceFailed, Supervisor
 
 DEMO_TENANT = "demo"
 WORKERS = ("train", "eval", "embed", "maintenance", "experiments")
@@ -138,10 +138,10 @@ def main(args: argparse.Namespace) -> int:
         base_model.resolve(settings.base_model, settings.models_path)
         engine = sup.start("engine", [py, "-m", "workers.engine", "--host", "127.0.0.1",
                                       "--port", str(engine_port), "--max-loras", "4"])  # fmt: skip
-        api = sup.start("api", [py, "-m", "app.cli", "serve", "--host", host, "--port", str(port),
-                                "--no-migrate"])  # fmt: skip
+        api = sup.start("api", [py, "-m", "workers.cli", "serve", "--host", host,
+                                "--port", str(port), "--no-migrate"])  # fmt: skip
         for name in WORKERS:
-            sup.start(name, [py, "-m", "app.cli", "worker", name])
+            sup.start(name, [py, "-m", "workers.cli", "worker", name])
         sup.wait_http(engine, f"{engine_url}/health", timeout=300)
         say(f"[cft] engine ready: {engine_url} (vLLM-compatible, base {settings.base_model})")
         sup.wait_http(api, f"{api_url}/healthz", timeout=120)

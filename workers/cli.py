@@ -27,7 +27,7 @@ WORKERS: dict[str, str] = {
     "embed": "workers.embedder.__main__",
     "train": "workers.trainer.cli",
     "experiments": "app.experiments.worker",
-    "reconcile": "app.routing.reconciler",
+    "reconcile": "app.gateway.reconciler",
     "eval": "workers.evaluator.cli",
 }
 
@@ -96,7 +96,7 @@ def _serve(args: argparse.Namespace) -> int:
 
 
 def _run(args: argparse.Namespace) -> int:
-    from app import run as main_job
+    from workers.run import main as main_job
 
     return main_job.main(args)
 
@@ -122,7 +122,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.set_defaults(func=_serve)
 
     p = sub.add_parser("run", help="the main job: everything on one machine, and the demo loop")
-    from app import run as main_job
+    from workers.run import main as main_job
 
     main_job.add_arguments(p)
     p.set_defaults(func=_run)

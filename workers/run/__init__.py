@@ -1,0 +1,1 @@
+"""`cft run`: the whole platform on one machine (a supervised group of processes)."""
