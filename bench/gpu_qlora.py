@@ -103,7 +103,7 @@ COMMON = {
 }
 
 
-# cft candidates: hyperparameters as POST /v1/training-runs accepts them (workers.trainer.hyperparams),
+# cft candidates: hyperparameters as POST /v1/training-runs accepts them (app.training.methods),
 # trained by workers.trainer.train.train_adapter, the worker's own code path. Every candidate keeps the
 # runbook's LoRA, lr schedule, paged_adamw_8bit and gradient checkpointing (non-reentrant).
 SFT_CANDIDATES: dict[str, dict[str, Any]] = {
@@ -352,7 +352,7 @@ def run_cft(
     method: str, params: dict[str, Any], model_path: str, rows, steps: int, warmup: int
 ) -> dict[str, Any]:
     """One candidate through the worker's code path: Hyperparameters -> train_adapter."""
-    from workers.trainer.hyperparams import Hyperparameters
+    from app.training.methods import Hyperparameters
     from workers.trainer.train import BaseCache, train_adapter
 
     hp = Hyperparameters(**{"max_steps": steps, "seed": 0, **params})

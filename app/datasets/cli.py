@@ -12,6 +12,7 @@ from typing import Any
 from app.core.db import connect, database_url
 from app.core.errors import CftError
 from app.datasets import service as datasets
+from app.training.methods import METHODS
 
 
 def register(subparsers: Any) -> None:
@@ -22,7 +23,7 @@ def register(subparsers: Any) -> None:
     s = sub.add_parser("snapshot", help="freeze a route's traffic into a snapshot")
     s.add_argument("--tenant", required=True, help="tenant name or id")
     s.add_argument("--route", required=True)
-    s.add_argument("--method", required=True, choices=datasets.METHODS)
+    s.add_argument("--method", required=True, choices=METHODS)
     s.add_argument("--since", help="window start: ISO date/time or days back (e.g. 30d)")
     s.add_argument("--until", help="window end (exclusive): ISO date/time; default now")
     s.add_argument("--dedup-threshold", type=float, default=datasets.DEFAULT_DEDUP_THRESHOLD)
@@ -45,7 +46,7 @@ def register(subparsers: Any) -> None:
     r.add_argument(
         "--method",
         action="append",
-        choices=datasets.METHODS,
+        choices=METHODS,
         help="refresh only the view this method reads (repeatable); default: every view",
     )
     r.set_defaults(func=_refresh)

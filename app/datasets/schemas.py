@@ -3,12 +3,12 @@
 from __future__ import annotations
 
 from datetime import datetime
-from typing import Any, Literal
+from typing import Any
 from uuid import UUID
 
 from pydantic import BaseModel, Field
 
-Method = Literal["sft", "kto", "dpo", "orpo", "simpo"]
+from app.training.methods import Method
 
 
 class SnapshotWindow(BaseModel):

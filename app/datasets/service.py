@@ -19,8 +19,8 @@ import psycopg
 
 from app.core.db import Connection
 from app.core.errors import BadRequest, Conflict, Forbidden, NotFound
+from app.training.methods import METHODS
 
-METHODS = ("sft", "kto", "dpo", "orpo", "simpo")
 SPLITS = ("train", "eval")
 DEFAULT_DEDUP_THRESHOLD = 0.1
 DEFAULT_EVAL_PCT = 10

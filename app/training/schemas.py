@@ -9,7 +9,7 @@ from uuid import UUID
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from app.datasets import schemas as dataset_schemas
-from workers.trainer.hyperparams import Hyperparameters, Method
+from app.training.methods import Hyperparameters, Method
 
 
 class FreshSnapshot(dataset_schemas.SnapshotWindow):

@@ -11,8 +11,8 @@ from pydantic import ValidationError
 from app.core.db import Connection
 from app.core.errors import BadRequest, Conflict, NotFound
 from app.datasets import service as datasets
+from app.training.methods import Hyperparameters
 from app.training.schemas import TrainingRunCreate, TrainingRunOut
-from workers.trainer.hyperparams import Hyperparameters
 
 # Examples of these snapshot methods have the same shape, so a snapshot serves either.
 _COMPATIBLE = {"sft": {"sft"}, "kto": {"kto"}, "dpo": {"dpo", "orpo", "simpo"}}

@@ -240,7 +240,7 @@ def test_healthchecks_hit_real_endpoints() -> None:
 
 
 def test_vllm_serves_lora_like_the_trainer_trains() -> None:
-    from workers.trainer.hyperparams import Hyperparameters
+    from app.training.methods import Hyperparameters
 
     services = _services()
     vllm = services["vllm"]

@@ -19,10 +19,10 @@ import pytest
 import torch
 
 from app.core.artefacts import LocalStore, S3Store, verify
+from app.training.methods import Hyperparameters
 from tests.support.servers import free_port
 from tests.support.training import examples, make_run, setup_route
 from workers import base_model as bm
-from workers.trainer.hyperparams import Hyperparameters
 from workers.trainer.train import (
     BaseCache,
     _check_rows,

@@ -8,7 +8,7 @@ import math
 import pytest
 from pydantic import ValidationError
 
-from workers.trainer.hyperparams import Hyperparameters
+from app.training.methods import Hyperparameters
 from workers.trainer.train import (
     MIN_PACK_LENGTH,
     TrainingDataError,

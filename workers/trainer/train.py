@@ -33,7 +33,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from workers.trainer.hyperparams import METHODS, Hyperparameters
+from app.training.methods import METHODS, Hyperparameters
 
 log = logging.getLogger(__name__)
 

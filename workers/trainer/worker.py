@@ -28,7 +28,7 @@ from psycopg.rows import dict_row
 from psycopg.types.json import Jsonb
 
 from app.core.artefacts import ArtefactError, ArtefactExists, LocalStore, S3Store, describe
-from workers.trainer.hyperparams import Hyperparameters
+from app.training.methods import Hyperparameters
 from workers.trainer.train import (
     BaseCache,
     Progress,

@@ -1,4 +1,4 @@
-"""Training hyperparameters: one validated model shared by the REST API and the worker.
+"""The training methods and their hyperparameters, defined once for the API and the trainer.
 
 Defaults follow the seed's QLoRA runbook (r=8, alpha=16, dropout 0.05, q/k/v/o, lr 2e-4,
 cosine, warmup 3 %, batch 1 x grad-accum 16, 3 epochs, max_length 2048). Pure pydantic: the
@@ -6,19 +6,19 @@ control plane imports it without loading any ML library.
 
 Speed settings (packing, padding_free, use_liger_kernel, activation_offloading,
 precompute_ref_log_probs) default to None: the trainer picks them per device and method, and
-fills in an unset batch shape (`workers.trainer.train.resolve_hyperparameters`; only what the
+fills in an unset batch shape (`workers.trainer.plan.resolve_hyperparameters`; only what the
 caller set is stored on the run, so the worker can tell). BENCHMARKS.md "QLoRA on GPU (issue 5)"
 measured the CUDA defaults at 3.1x (SFT) and 1.8x (DPO) the runbook's tokens/s at lower VRAM.
 """
 
 from __future__ import annotations
 
-from typing import Any, Literal
+from typing import Any, Literal, get_args
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
-METHODS = ("sft", "dpo", "kto", "orpo", "simpo")
 Method = Literal["sft", "dpo", "kto", "orpo", "simpo"]
+METHODS: tuple[Method, ...] = get_args(Method)
 _GC_KEYS = {"use_reentrant", "preserve_rng_state"}
 
 
