@@ -18,11 +18,12 @@ from app.datasets import router as datasets_router
 from app.evals import router as evals_router
 from app.experiments import dashboard as experiments_dashboard
 from app.experiments import router as experiments_router
+from app.gateway import fastpath
+from app.gateway import router as gateway_router
+from app.gateway import service as gateway
 from app.logs import router as logs_router
 from app.privacy import router as privacy_router
 from app.routes import router as routes_router
-from app.gateway import gateway
-from app.gateway import service as routing
 from app.training import router as training_router
 
 
@@ -44,14 +45,14 @@ def create_app(
         app.state.pool = make_pool(url, size=settings.db_pool_size)
         app.state.router = None
         if engines:
-            app.state.router = routing.start(
+            app.state.router = gateway.start(
                 settings, db_url=url, pool=app.state.pool, engine_urls=engines
             )
         try:
             yield
         finally:
             if app.state.router is not None:
-                await routing.stop(app.state.router)
+                await gateway.stop(app.state.router)
             app.state.pool.close()
 
     app = FastAPI(
@@ -62,14 +63,14 @@ def create_app(
     )
     errors.install(app)
     # The gateway first: routes are matched in order, and its calls are the hot path.
-    app.include_router(gateway.router)
+    app.include_router(gateway_router.router)
     app.include_router(health.router)
     app.include_router(adapters_router.router)
     app.include_router(datasets_router.router)
     app.include_router(logs_router.router)
     # Inside the body limit (added after = further out): the two gateway calls skip FastAPI's
     # per-request routing and dependency machinery, with the same handler code.
-    app.add_middleware(gateway.GatewayFastPath)
+    app.add_middleware(fastpath.GatewayFastPath)
     app.add_middleware(BodyLimitMiddleware, max_bytes=settings.max_body_bytes)
     app.include_router(training_router.router)
     app.include_router(evals_router.router)

@@ -2,13 +2,20 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+from contextlib import contextmanager
 from typing import Any
 
 import psycopg
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
+from psycopg_pool import PoolTimeout
 from starlette.exceptions import HTTPException as StarletteHTTPException
+
+# What "PostgreSQL is unavailable" looks like from the driver: no pooled connection in time,
+# or a connection that cannot be opened or was lost.
+DB_UNAVAILABLE = (PoolTimeout, psycopg.OperationalError)
 
 
 class CftError(Exception):
@@ -90,6 +97,28 @@ class Unavailable(CftError):
     status_code = 503
     error_type = "service_unavailable"
     code = "unavailable"
+
+
+class DatabaseUnavailable(Unavailable):
+    """PostgreSQL is unavailable (see DB_UNAVAILABLE); the client should retry in a second."""
+
+    def __init__(self, message: str = "the database is unavailable") -> None:
+        super().__init__(message, headers={"Retry-After": "1"})
+
+
+@contextmanager
+def database_required(*, detail: bool = False) -> Iterator[None]:
+    """Raise DatabaseUnavailable (503, Retry-After) for a DB_UNAVAILABLE error inside.
+
+    With detail, the message ends with the driver's first line (e.g. the pool's timeout).
+    """
+    try:
+        yield
+    except DB_UNAVAILABLE as exc:
+        message = "the database is unavailable"
+        if detail:
+            message += f": {str(exc).splitlines()[0] if str(exc) else exc}"
+        raise DatabaseUnavailable(message) from exc
 
 
 def error_body(

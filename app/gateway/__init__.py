@@ -1,1 +1,1 @@
-"""Routing: which adapter serves which user (sticky canaries), kept fresh by LISTEN/NOTIFY."""
+"""The OpenAI-compatible gateway: route -> adapter (sticky canaries), engines, call logs."""

@@ -16,7 +16,7 @@ BUCKETS = 10_000
 
 
 def bucket(experiment: str, user_key: str) -> int:
-    """The user's bucket for an experiment (same as serve.bucket_v1)."""
+    """The user's bucket for an experiment (same as serve.bucket)."""
     digest = hashlib.md5(f"{experiment}:{user_key}".encode(), usedforsecurity=False).hexdigest()
     return int(digest[:8], 16) % BUCKETS
 

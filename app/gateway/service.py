@@ -17,11 +17,11 @@ from app.core.config import Settings
 from app.core.db import Pool, as_tenant
 from app.core.metrics import LOG_QUEUE_DEPTH
 from app.core.pseudonym import user_hash, user_secret
-from app.logs import service as logs
 from app.gateway.engines import EnginePool
-from app.gateway.logwriter import LogWriter
+from app.gateway.logwriter import LogWriter, WriteBatch
 from app.gateway.reconciler import Reconciler
 from app.gateway.table import RouteTable
+from app.logs import service as logs
 
 TENANT_KEY = "_tenant_id"
 # Users whose pseudonym the router keeps (an HMAC per call is ~2 µs; a hit is a dict lookup).
@@ -115,7 +115,7 @@ class RouterRuntime:
         self._keys[digest] = (time.monotonic() + self.key_ttl, key)
 
 
-def write_batch_for(pool: Pool, settings: Settings) -> Any:
+def write_batch_for(pool: Pool, settings: Settings) -> WriteBatch:
     """A LogWriter sink: one transaction per tenant, idempotent by request_id."""
 
     def write(batch: list[dict[str, Any]]) -> None:

@@ -34,8 +34,8 @@ from psycopg.rows import dict_row
 from app.core import auth
 from app.core.config import Settings
 from app.core.limits import MAX_HEADER_BYTES
+from app.gateway import keys
 from app.main import create_app
-from app.gateway import gateway
 from tests.support import db as testdb
 from tests.support.factories import make_adapter, make_log, make_route, make_tenant
 from tests.support.servers import serve_app
@@ -210,8 +210,8 @@ def declared_roles(app: Any) -> dict[str, frozenset[str] | None]:
             for call in _calls(dependant) if dependant is not None else ():
                 if hasattr(call, "roles"):
                     roles = frozenset(call.roles)
-                elif call is gateway.client_key:
-                    roles = frozenset(gateway.CLIENT_ROLES)
+                elif call is keys.client_key:
+                    roles = frozenset(keys.CLIENT_ROLES)
             out[f"{method} {rc.path}"] = roles
     return out
 
@@ -871,7 +871,7 @@ def test_dashboard_role_cannot_write_and_app_role_cannot_bypass_rls(stack: Stack
         assert definer == [], definer
         with pytest.raises(pg_errors.InsufficientPrivilege), c.transaction():
             c.execute("SET LOCAL ROLE cft_dashboard")
-            c.execute("SELECT serve.check_canary_budget_v1('a-secret-route', 'x', 0)")
+            c.execute("SELECT serve.check_canary_budget('a-secret-route', 'x', 0)")
 
         # cft_app: every table it can touch enforces row-level security, and it cannot turn it off.
         open_tables = c.execute(
@@ -920,7 +920,7 @@ def test_dashboard_role_cannot_write_and_app_role_cannot_bypass_rls(stack: Stack
             "ALTER TABLE obs.inference_log DISABLE ROW LEVEL SECURITY",
             "ALTER TABLE obs.inference_log NO FORCE ROW LEVEL SECURITY",
             "DROP POLICY tenant_isolation ON obs.inference_log",
-            "SELECT count(*) FROM train.sft_candidate_v1",  # no RLS there: no access either
+            "SELECT count(*) FROM train.sft_candidate",  # no RLS there: no access either
             "INSERT INTO auth.api_key (tenant_id, role, prefix, key_hash) VALUES (1, 'admin', 'x', 'x')",
         ]
         for stmt in attempts:

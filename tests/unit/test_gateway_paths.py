@@ -7,7 +7,7 @@ from typing import Any
 import pytest
 from starlette._utils import get_route_path
 
-from app.gateway.gateway import _FAST, _route_path
+from app.gateway.fastpath import _FAST, _route_path
 
 
 @pytest.mark.parametrize(

@@ -1,0 +1,46 @@
+"""HTTP of the gateway: the OpenAI endpoints (completions, chat completions, models)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from fastapi import APIRouter, Request, Response
+
+from app.core.auth import IngestKey, TenantConn
+from app.gateway.keys import ClientKey
+from app.gateway.proxy import proxy
+
+router = APIRouter(tags=["router"])
+
+
+@router.post("/v1/chat/completions")
+async def chat_completions(request: Request, key: ClientKey) -> Response:
+    """OpenAI chat completions through the route's adapter."""
+    return await proxy(request, key, "chat")
+
+
+@router.post("/v1/completions")
+async def completions(request: Request, key: ClientKey) -> Response:
+    """OpenAI completions through the route's adapter."""
+    return await proxy(request, key, "completions")
+
+
+@router.get("/v1/models")
+def list_models(key: IngestKey, conn: TenantConn) -> dict[str, Any]:
+    """The caller tenant's routes, as OpenAI models (call them by this id)."""
+    rows = conn.execute(
+        "SELECT name, base_model, created_at FROM serve.route WHERE tenant_id = %s ORDER BY name",
+        (key.tenant_id,),
+    ).fetchall()
+    data = [
+        {
+            "id": r["name"],
+            "object": "model",
+            "created": int(r["created_at"].timestamp()),
+            "owned_by": "cft",
+            "root": r["base_model"],
+            "parent": None,
+        }
+        for r in rows
+    ]
+    return {"object": "list", "data": data}

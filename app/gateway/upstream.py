@@ -1,0 +1,132 @@
+"""Sending a call upstream: pick the engine and model, fail over, fall back, give back."""
+
+from __future__ import annotations
+
+import logging
+import time
+from dataclasses import dataclass
+from typing import Any
+
+import aiohttp
+import orjson
+
+from app.core.errors import Unavailable
+from app.core.metrics import (
+    ENGINE_FAILURES,
+    ROUTER_FALLBACKS,
+    ROUTER_LATENCY,
+    ROUTER_REQUESTS,
+    child,
+)
+from app.gateway.assign import Assignment, RouteState
+from app.gateway.engines import ENGINE_ERRORS, EngineState, Reply
+from app.gateway.service import RouterRuntime
+
+log = logging.getLogger("cft.gateway.upstream")
+
+RETRY_AFTER = "2"
+
+Response = aiohttp.ClientResponse | Reply
+
+
+@dataclass(frozen=True, slots=True)
+class Sent:
+    """An engine's answer to a call: what answered, with which model, and why that model."""
+
+    response: Response
+    engine: EngineState
+    model: str
+    # None when the assigned model served the call, else the fallback reason.
+    fallback: str | None
+    started: float  # time.perf_counter() when the request went out
+
+
+def engine_unavailable(message: str, headers: dict[str, str] | None = None) -> Unavailable:
+    """The 503 for a call no engine could serve (the client retries after RETRY_AFTER)."""
+    return Unavailable(
+        message,
+        code="engine_unavailable",
+        headers=(headers or {}) | {"Retry-After": RETRY_AFTER},
+    )
+
+
+def done(resp: Response) -> None:
+    """Give the connection back to the pool when the body was read to its end, else close it
+    (which also tells the engine to stop generating). Synchronous: safe in cancelled cleanup."""
+    if isinstance(resp, Reply):  # read whole; its connection went back to the pool then
+        return
+    if resp.content.at_eof():
+        resp.release()
+    else:
+        resp.close()
+
+
+def _candidates(engine: EngineState, state: RouteState, assignment: Assignment) -> list[str]:
+    """Models to try on an engine, best first: the assigned adapter, prod, the base model."""
+    out = [m for m in (assignment.adapter_id, state.prod) if m and engine.has(m)]
+    out.append(state.base_model)
+    return list(dict.fromkeys(out))
+
+
+async def _adapter_failed(
+    runtime: RouterRuntime, engine: EngineState, state: RouteState, model: str, resp: Response
+) -> None:
+    """Note an adapter that answered 404 or 5xx: drop it from the engine's list, reconcile."""
+    try:
+        detail = (await resp.read())[:300]
+    except ENGINE_ERRORS as exc:
+        detail = repr(exc).encode()
+    finally:
+        done(resp)
+    child(ROUTER_REQUESTS, state.name, model, "error").inc()
+    log.warning(
+        "adapter %s failed on %s (%s %s): falling back", model, engine.url, resp.status, detail
+    )
+    if resp.status == 404:
+        engine.forget(model)
+    if runtime.reconciler is not None:
+        runtime.reconciler.kick()
+
+
+async def send(
+    runtime: RouterRuntime,
+    state: RouteState,
+    assignment: Assignment,
+    body: dict[str, Any],
+    path: str,
+    stream: bool,
+) -> Sent:
+    """Send to the first engine and model that answer (503 when none does)."""
+    engines = runtime.engines
+    want = assignment.adapter_id or state.base_model
+    failed_adapter = False
+    order = engines.order(assignment.adapter_id)
+    up = [e for e in order if e.up] or order
+    for engine in up:
+        if engine.models is None and not await engines.probe(engine):
+            ENGINE_FAILURES.labels(engine.url, "probe").inc()
+            continue
+        for model in _candidates(engine, state, assignment):
+            body["model"] = model
+            started = time.perf_counter()
+            try:
+                resp = await engines.post(engine, path, orjson.dumps(body), stream=stream)
+            except ENGINE_ERRORS as exc:
+                engine.mark_down()
+                ENGINE_FAILURES.labels(engine.url, type(exc).__name__).inc()
+                log.warning("engine %s failed (%r): trying the next one", engine.url, exc)
+                break
+            is_adapter = model != state.base_model
+            child(ROUTER_LATENCY, "lora" if is_adapter else "base").observe(
+                time.perf_counter() - started
+            )
+            if is_adapter and (resp.status == 404 or resp.status >= 500):
+                await _adapter_failed(runtime, engine, state, model, resp)
+                failed_adapter = True
+                continue
+            why = None
+            if model != want:
+                why = "adapter_error" if failed_adapter else "not_loaded"
+                child(ROUTER_FALLBACKS, why).inc()
+            return Sent(resp, engine, model, why, started)
+    raise engine_unavailable("no inference engine is reachable; retry shortly")
