@@ -1,4 +1,4 @@
-"""Adapter registry rules. The gate itself lives in the database (sql/triggers/adapter_gate_v1.sql);
+"""Adapter registry rules. The gate itself lives in the database (sql/serve/adapter_gate.sql);
 this module only asks it and turns its refusals into domain errors."""
 
 from __future__ import annotations
@@ -8,6 +8,7 @@ from typing import Any
 
 import psycopg
 from psycopg import errors as pg_errors
+from psycopg.types.json import Jsonb
 
 from app.core.db import Connection
 from app.core.errors import BadRequest, Conflict, Forbidden, NotFound
@@ -190,6 +191,54 @@ def rollback(
         _raise_gate(exc)
     assert got is not None
     return get_adapter_or_raise(conn, adapter_id=got["id"])
+
+
+def register_candidate(
+    conn: Connection,
+    *,
+    adapter_id: str,
+    tenant_id: int,
+    route: str,
+    base_model: str,
+    base_revision: str | None,
+    rank: int,
+    alpha: int,
+    target_modules: list[str],
+    method: str,
+    training_run_id: Any,
+    dataset_snapshot_id: Any,
+    weights_uri: str,
+    sha256: str,
+    size_bytes: int,
+    eval_summary: dict[str, Any],
+) -> None:
+    """Register a trained adapter as a candidate of its route (NotFound: no such route)."""
+    try:
+        conn.execute(
+            "INSERT INTO serve.adapter (id, tenant_id, route, base_model, base_revision,"
+            " rank, alpha, target_modules, method, training_run_id, dataset_snapshot_id,"
+            " weights_uri, sha256, size_bytes, eval_summary, status)"
+            " VALUES (%s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, 'candidate')",
+            (
+                adapter_id,
+                tenant_id,
+                route,
+                base_model,
+                base_revision,
+                rank,
+                alpha,
+                Jsonb(target_modules),
+                method,
+                training_run_id,
+                dataset_snapshot_id,
+                weights_uri,
+                sha256,
+                size_bytes,
+                Jsonb(eval_summary),
+            ),
+        )
+    except pg_errors.ForeignKeyViolation as exc:
+        raise NotFound(f"route {route!r} does not exist for tenant {tenant_id}") from exc
 
 
 def record_eval_results(

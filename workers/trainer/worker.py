@@ -27,7 +27,9 @@ import psycopg
 from psycopg.rows import dict_row
 from psycopg.types.json import Jsonb
 
+from app.adapters import service as adapters
 from app.core.artefacts import ArtefactError, ArtefactExists, LocalStore, S3Store, describe
+from app.core.errors import NotFound
 from app.training.methods import Hyperparameters
 from workers.trainer.train import (
     BaseCache,
@@ -292,36 +294,28 @@ class Worker:
         progress = (hb.progress or {}) | {"metrics": result.metrics}
         with _connect(self.cfg.db_url) as conn, conn.transaction():
             try:
-                conn.execute(
-                    "INSERT INTO serve.adapter (id, tenant_id, route, base_model, base_revision,"
-                    " rank, alpha, target_modules, method, training_run_id, dataset_snapshot_id,"
-                    " weights_uri, sha256, size_bytes, eval_summary, status)"
-                    " VALUES (%s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s,"
-                    " 'candidate')",
-                    (
-                        name,
-                        run["tenant_id"],
-                        run["route"],
-                        run["base_model"],
-                        man["base_revision"],
-                        hp.rank,
-                        hp.alpha,
-                        Jsonb(hp.target_modules),
-                        run["method"],
-                        run_id,
-                        run["snapshot_id"],
-                        stored.uri,
-                        stored.sha256,
-                        stored.size_bytes,
-                        Jsonb({"train": result.metrics}),
-                    ),
+                adapters.register_candidate(
+                    conn,
+                    adapter_id=name,
+                    tenant_id=run["tenant_id"],
+                    route=run["route"],
+                    base_model=run["base_model"],
+                    base_revision=man["base_revision"],
+                    rank=hp.rank,
+                    alpha=hp.alpha,
+                    target_modules=hp.target_modules,
+                    method=run["method"],
+                    training_run_id=run_id,
+                    dataset_snapshot_id=run["snapshot_id"],
+                    weights_uri=stored.uri,
+                    sha256=stored.sha256,
+                    size_bytes=stored.size_bytes,
+                    eval_summary={"train": result.metrics},
                 )
-            except psycopg.errors.ForeignKeyViolation as exc:
-                raise TrainingDataError(
-                    f"route {run['route']!r} does not exist for tenant {run['tenant_id']}"
-                ) from exc
+            except NotFound as exc:
+                raise TrainingDataError(str(exc)) from exc
             ok = conn.execute(
-                "SELECT train.finish_training_run_v1(%s, %s, %s, %s) AS ok",
+                "SELECT train.finish_training_run(%s, %s, %s, %s) AS ok",
                 (run_id, self.cfg.worker_id, name, Jsonb(progress)),
             ).fetchone()
             if not ok or not ok["ok"]:
