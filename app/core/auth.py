@@ -12,13 +12,11 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Annotated, Any
 
-import psycopg
 from fastapi import Depends, Request
-from psycopg_pool import PoolTimeout
 
 from app.core.db import Connection, Pool, as_tenant
 from app.core.deps import get_pool
-from app.core.errors import Forbidden, Unauthorized, Unavailable
+from app.core.errors import Forbidden, Unauthorized, database_required
 
 ROLES = ("ingest", "client", "trainer", "release", "reader", "admin")
 KEY_PREFIX = "cft_"
@@ -81,11 +79,8 @@ def _bearer(request: Request) -> str:
 def authenticate(request: Request, pool: Annotated[Pool, Depends(get_pool)]) -> ApiKey:
     """Resolve the bearer key of the request (401 if missing, unknown or revoked)."""
     token = _bearer(request)
-    try:
-        with pool.connection() as conn:
-            key = lookup(conn, token)
-    except (PoolTimeout, psycopg.OperationalError) as exc:
-        raise Unavailable("the database is unavailable", headers={"Retry-After": "1"}) from exc
+    with database_required(), pool.connection() as conn:
+        key = lookup(conn, token)
     if key is None:
         raise Unauthorized("invalid or revoked API key")
     request.state.api_key = key
@@ -113,12 +108,9 @@ def tenant_conn(
     key: Annotated[ApiKey, Depends(authenticate)], pool: Annotated[Pool, Depends(get_pool)]
 ) -> Iterator[Connection]:
     """One transaction scoped to the caller's tenant by row-level security."""
-    try:
-        with pool.connection() as conn, conn.transaction():
-            as_tenant(conn, key.tenant_id)
-            yield conn
-    except (PoolTimeout, psycopg.OperationalError) as exc:
-        raise Unavailable("the database is unavailable", headers={"Retry-After": "1"}) from exc
+    with database_required(), pool.connection() as conn, conn.transaction():
+        as_tenant(conn, key.tenant_id)
+        yield conn
 
 
 IngestKey = Annotated[ApiKey, Depends(require("ingest", "client"))]

@@ -5,12 +5,10 @@ from __future__ import annotations
 from collections.abc import Iterator
 from typing import Annotated
 
-import psycopg
 from fastapi import Depends, Request
-from psycopg_pool import PoolTimeout
 
 from app.core.db import Connection, Pool
-from app.core.errors import Unavailable
+from app.core.errors import database_required
 
 
 def get_pool(request: Request) -> Pool:
@@ -21,14 +19,8 @@ def get_pool(request: Request) -> Pool:
 
 def get_conn(pool: Annotated[Pool, Depends(get_pool)]) -> Iterator[Connection]:
     """One connection and one transaction per request (committed when the handler returns)."""
-    try:
-        with pool.connection() as conn, conn.transaction():
-            yield conn
-    except (PoolTimeout, psycopg.OperationalError) as exc:
-        raise Unavailable(
-            f"the database is unavailable: {str(exc).splitlines()[0] if str(exc) else exc}",
-            headers={"Retry-After": "1"},
-        ) from exc
+    with database_required(detail=True), pool.connection() as conn, conn.transaction():
+        yield conn
 
 
 Conn = Annotated[Connection, Depends(get_conn, scope="function")]  # commit before responding

@@ -10,15 +10,13 @@ from html import escape
 from typing import Annotated, Any
 from urllib.parse import parse_qs, quote
 
-import psycopg
 from fastapi import APIRouter, Depends, Request
 from fastapi.responses import HTMLResponse, RedirectResponse, Response
-from psycopg_pool import PoolTimeout
 
 from app.core.auth import ApiKey, lookup
 from app.core.db import Pool, tenant_transaction
 from app.core.deps import get_pool
-from app.core.errors import Unavailable
+from app.core.errors import database_required
 from app.experiments import service as experiments
 from app.experiments.charts import Series, line_chart
 
@@ -87,11 +85,8 @@ def _key_from_cookie(request: Request, pool: Pool) -> ApiKey | None:
     token = request.cookies.get(COOKIE)
     if not token:
         return None
-    try:
-        with pool.connection() as conn:
-            key = lookup(conn, token)
-    except (PoolTimeout, psycopg.OperationalError) as exc:
-        raise Unavailable("the database is unavailable", headers={"Retry-After": "1"}) from exc
+    with database_required(), pool.connection() as conn:
+        key = lookup(conn, token)
     return key if key and key.role in READER_ROLES else None
 
 

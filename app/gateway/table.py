@@ -12,6 +12,7 @@ import psycopg
 from psycopg.rows import dict_row
 
 from app.core.db import Connection
+from app.core.errors import DB_UNAVAILABLE
 from app.core.metrics import ROUTE_CACHE
 from app.gateway.assign import Canary, RouteState
 
@@ -132,7 +133,7 @@ class RouteTable:
         try:
             with self._connection() as conn:
                 state = load_route(conn, name)
-        except psycopg.OperationalError:
+        except DB_UNAVAILABLE:
             # PostgreSQL is down: keep serving what we knew (it cannot change meanwhile).
             stale = self._cache.get(name)
             if stale is None:

@@ -7,16 +7,14 @@ from typing import Annotated, Any
 from uuid import UUID
 
 import orjson
-import psycopg
 from fastapi import APIRouter, Depends, Query, Request, Response
-from psycopg_pool import PoolTimeout
 from starlette.concurrency import run_in_threadpool
 
 from app.core.auth import IngestKey, ReaderKey, TenantConn
 from app.core.config import Settings
 from app.core.db import Pool, tenant_transaction
 from app.core.deps import get_pool
-from app.core.errors import BadRequest, Unavailable, Unprocessable
+from app.core.errors import BadRequest, Unprocessable, database_required
 from app.core.metrics import LOG_REJECTED
 from app.logs import service
 from app.logs.schemas import FeedbackIn, LogBatchOut
@@ -37,11 +35,8 @@ def _ingest(pool: Pool, tenant_id: int, payload: Any, settings: Settings) -> dic
     records, batch = service.records_of(payload, max_records=settings.max_batch_records)
     prepared = service.prepare(records, settings=settings, batch=batch)
     # The transaction commits before the response is written: an acknowledged row is durable.
-    try:
-        with tenant_transaction(pool, tenant_id) as conn:
-            statuses = service.insert_prepared(conn, tenant_id=tenant_id, prepared=prepared)
-    except (PoolTimeout, psycopg.OperationalError) as exc:
-        raise Unavailable("the database is unavailable", headers={"Retry-After": "1"}) from exc
+    with database_required(), tenant_transaction(pool, tenant_id) as conn:
+        statuses = service.insert_prepared(conn, tenant_id=tenant_id, prepared=prepared)
     return service.summarize(prepared.request_ids, statuses)
 
 
