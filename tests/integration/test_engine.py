@@ -14,6 +14,7 @@ import httpx
 import openai
 import pytest
 
+from tests.support.lora import make_adapter_dir
 from tests.support.servers import serve_app
 from workers import base_model
 from workers.engine.core import Engine
@@ -26,34 +27,12 @@ PROMPT = [{"role": "user", "content": "Tell me a short story about a cat."}]
 MAX = 6
 
 
-def make_adapter(models_dir: Path, target: Path, seed: int) -> Path:
-    """A small random LoRA adapter (r=8 on q/k/v/o) that visibly changes the output."""
-    import torch
-    from peft import LoraConfig, get_peft_model
-
-    torch.manual_seed(seed)
-    base = base_model.load_model(BASE, models_dir)
-    config = LoraConfig(
-        r=8,
-        lora_alpha=16,
-        target_modules=["q_proj", "k_proj", "v_proj", "o_proj"],
-        init_lora_weights=False,
-    )
-    model = get_peft_model(base, config)
-    with torch.no_grad():
-        for name, param in model.named_parameters():
-            if "lora_B" in name:
-                param.mul_(4)
-    model.save_pretrained(target)
-    return target
-
-
 @pytest.fixture(scope="module")
 def adapters(models_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
     """Two adapters for the bundled base, and one that claims another base."""
     root = tmp_path_factory.mktemp("adapters")
-    a = make_adapter(models_dir, root / "a", seed=1)
-    b = make_adapter(models_dir, root / "b", seed=2)
+    a = make_adapter_dir(models_dir, root / "a", seed=1)
+    b = make_adapter_dir(models_dir, root / "b", seed=2)
     foreign = root / "foreign"
     shutil.copytree(a, foreign)
     cfg = json.loads((foreign / "adapter_config.json").read_text())

@@ -19,6 +19,7 @@ from app.core.metrics import REGISTRY
 from app.core.pseudonym import user_hash, user_secret
 from app.main import create_app
 from tests.support.factories import make_adapter, make_route, make_tenant
+from tests.support.lora import make_adapter_dir
 from tests.support.servers import serve_app
 from workers import base_model
 from workers.engine.core import Engine
@@ -26,26 +27,7 @@ from workers.engine.server import create_app as create_engine_app
 
 pytestmark = pytest.mark.slow
 BASE = base_model.BUNDLED
-
-
-def random_adapter(models_dir: Path, target: Path, seed: int) -> Path:
-    """A small random LoRA adapter that changes the output."""
-    import torch
-    from peft import LoraConfig, get_peft_model
-
-    torch.manual_seed(seed)
-    model = get_peft_model(
-        base_model.load_model(BASE, models_dir),
-        LoraConfig(
-            r=8, lora_alpha=16, target_modules=["q_proj", "v_proj"], init_lora_weights=False
-        ),
-    )
-    with torch.no_grad():
-        for name, param in model.named_parameters():
-            if "lora_B" in name:
-                param.mul_(4)
-    model.save_pretrained(target)
-    return target
+QV = ("q_proj", "v_proj")
 
 
 @pytest.fixture(scope="module")
@@ -65,7 +47,7 @@ def setup(db_url: str, engine_url: str, models_dir: Path, tmp_path: Path):
             c, route=r, id=f"prod-{uuid.uuid4().hex[:6]}", status="prod", traffic_pct=100
         )
         key = create_key(c, tenant_id=t["id"], role="client")
-    path = random_adapter(models_dir, tmp_path / "prod", seed=3)
+    path = make_adapter_dir(models_dir, tmp_path / "prod", seed=3, target_modules=QV)
     resp = httpx.post(
         engine_url + "/v1/load_lora_adapter",
         json={"lora_name": prod["id"], "lora_path": str(path)},
@@ -141,7 +123,7 @@ def test_streaming_relays_tokens_and_logs_ttft(setup):
 def test_canary_split_matches_sql_assignment(setup, models_dir, engine_url, tmp_path):
     db_url, r = setup["db_url"], setup["route"]
     canary_id = f"canary-{uuid.uuid4().hex[:6]}"
-    path = random_adapter(models_dir, tmp_path / "canary", seed=4)
+    path = make_adapter_dir(models_dir, tmp_path / "canary", seed=4, target_modules=QV)
     httpx.post(
         engine_url + "/v1/load_lora_adapter",
         json={"lora_name": canary_id, "lora_path": str(path)},
