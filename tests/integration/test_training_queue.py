@@ -8,6 +8,7 @@ import subprocess
 import sys
 import threading
 import time
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
 import psycopg
@@ -216,6 +217,32 @@ def test_killed_worker_run_is_reclaimed(conn, db_url, tmp_path, models_dir) -> N
     assert "lease of worker doomed expired" in row["error"]
 
 
-@pytest.mark.parametrize("n", [1])
-def test_claim_function_is_the_only_way_in(conn, n) -> None:  # type: ignore[no-untyped-def]
+@pytest.mark.parametrize("n", [0, 1, 3])
+def test_claim_hands_out_only_runnable_runs(conn, n) -> None:  # type: ignore[no-untyped-def]
+    """Among runs no worker may take, n queued runs: n claims get them by priority, then none."""
+    _, _, snap = setup_route(conn)
+    leased = datetime.now(UTC) + timedelta(hours=1)
+    blocked = [
+        make_run(conn, snapshot=snap, priority=9, status="succeeded"),
+        make_run(conn, snapshot=snap, priority=9, status="failed"),
+        make_run(conn, snapshot=snap, priority=9, status="cancelled"),
+        make_run(conn, snapshot=snap, priority=9, cancel_requested=True),
+        make_run(conn, snapshot=snap, priority=9, attempts=3, max_attempts=3),
+        make_run(
+            conn,
+            snapshot=snap,
+            priority=9,
+            status="running",
+            worker_id="alive",
+            lease_until=leased,
+            attempts=1,
+        ),
+    ]
+    queued = [make_run(conn, snapshot=snap, priority=p) for p in range(n)]
+    got = [claim(conn, f"w{i}", 60) for i in range(n)]
+    assert [r["id"] for r in got] == [r["id"] for r in reversed(queued)]
+    assert [(r["status"], r["worker_id"], r["attempts"]) for r in got] == [
+        ("running", f"w{i}", 1) for i in range(n)
+    ]
     assert claim(conn, "idle", 60) is None
+    assert [_run(conn, r["id"]) for r in blocked] == blocked
