@@ -256,7 +256,7 @@ def link_and_refresh(conn: psycopg.Connection, url: str, args: argparse.Namespac
 
     t = time.perf_counter()
     datasets.refresh_candidates(conn)
-    conn.execute("ANALYZE train.kto_candidate_v1, train.pair_candidate_v1")
+    conn.execute("ANALYZE train.kto_candidate, train.pair_candidate")
     print(f"candidate views refreshed in {time.perf_counter() - t:.1f} s", flush=True)
 
 

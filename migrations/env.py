@@ -1,4 +1,4 @@
-"""Alembic environment: migrations run SQL files from sql/ on a psycopg connection."""
+"""Alembic environment: migrations run their SQL on a psycopg connection (online only)."""
 
 from __future__ import annotations
 
@@ -21,5 +21,5 @@ def run_migrations_online() -> None:
 
 
 if context.is_offline_mode():
-    raise SystemExit("cft migrations run online only: they execute SQL files from sql/")
+    raise SystemExit("cft migrations run online only: they execute SQL on the database")
 run_migrations_online()

@@ -3,6 +3,9 @@
 Revision ID: ${up_revision}
 Revises: ${down_revision | comma,n}
 Create Date: ${create_date}
+
+Write the change here as SQL text (ALTER ..., CREATE OR REPLACE ...), and the same change in the
+object's file under sql/: a migration freezes its own delta and never reads sql/.
 """
 
 from alembic import op
@@ -12,10 +15,15 @@ down_revision = ${repr(down_revision)}
 branch_labels = None
 depends_on = None
 
+UPGRADE_SQL = """
+"""
+DOWNGRADE_SQL = """
+"""
+
 
 def upgrade() -> None:
-    ${upgrades if upgrades else "pass"}
+    op.execute(UPGRADE_SQL)
 
 
 def downgrade() -> None:
-    ${downgrades if downgrades else "pass"}
+    op.execute(DOWNGRADE_SQL)

@@ -80,9 +80,30 @@ def tenant_transaction(
         yield conn
 
 
+# Revisions of the schema before it was rebased (pre-1.0): a database at one of them cannot be
+# upgraded, only made again.
+PRE_REBASE_REVISIONS = frozenset(f"{n:04d}" for n in range(1, 17))
+
+
 def migrate(url: str | None = None, revision: str = "head") -> None:
     """Upgrade the database schema (alembic) to revision."""
+    _refuse_pre_rebase(url or database_url())
     _alembic("upgrade", url, revision)
+
+
+def _refuse_pre_rebase(url: str) -> None:
+    with psycopg.connect(url) as conn:
+        if conn.execute("SELECT to_regclass('public.alembic_version') IS NOT NULL").fetchone() == (
+            False,
+        ):
+            return
+        row = conn.execute("SELECT version_num FROM alembic_version").fetchone()
+    if row is not None and row[0] in PRE_REBASE_REVISIONS:
+        raise RuntimeError(
+            f"this database is at schema revision {row[0]}, from before the schema was rebased"
+            " (pre-1.0): it cannot be upgraded. Make it again: for the embedded database,"
+            " `cft db down` and remove CFT_HOME/pgdata (default .cft/pgdata)."
+        )
 
 
 def downgrade(url: str | None = None, revision: str = "base") -> None:

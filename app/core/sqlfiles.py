@@ -1,4 +1,4 @@
-"""Run the files under sql/ (migrations call this; released files are never edited)."""
+"""The files under sql/: the database as it is now, applied in manifest order."""
 
 from __future__ import annotations
 
@@ -6,6 +6,13 @@ from pathlib import Path
 from typing import Any
 
 SQL_DIR = Path(__file__).resolve().parents[2] / "sql"
+MANIFEST = SQL_DIR / "manifest.txt"
+
+
+def manifest() -> list[str]:
+    """The files of sql/, in the order an empty database applies them."""
+    lines = (line.strip() for line in MANIFEST.read_text().splitlines())
+    return [line for line in lines if line and not line.startswith("#")]
 
 
 def render(relpath: str, *, embedding_dim: int) -> str:
@@ -14,31 +21,10 @@ def render(relpath: str, *, embedding_dim: int) -> str:
     return text.replace("__EMBEDDING_DIM__", str(int(embedding_dim)))
 
 
-def run_files(dbapi_conn: Any, relpaths: list[str], *, embedding_dim: int) -> None:
-    """Execute each file as one simple-protocol batch on a psycopg connection."""
-    for relpath in relpaths:
-        sql = render(relpath, embedding_dim=embedding_dim)
+def apply_schema(dbapi_conn: Any, *, embedding_dim: int) -> None:
+    """Create the whole schema on an empty database: every manifest file, one batch each."""
+    for relpath in manifest():
         try:
-            dbapi_conn.execute(sql)
+            dbapi_conn.execute(render(relpath, embedding_dim=embedding_dim))
         except Exception as exc:
             raise RuntimeError(f"sql/{relpath} failed: {exc}") from exc
-
-
-def apply(relpaths: list[str]) -> None:
-    """Inside an Alembic migration: run sql/ files on its connection."""
-    from alembic import op
-
-    from app.core.config import get_settings
-
-    if relpaths:
-        conn = op.get_bind().connection.driver_connection
-        run_files(conn, relpaths, embedding_dim=get_settings().embedding_dim)
-
-
-def execute(sql: str) -> None:
-    """Inside an Alembic migration: run one SQL batch (simple protocol) on its connection."""
-    from alembic import op
-
-    if sql:
-        conn: Any = op.get_bind().connection.driver_connection
-        conn.execute(sql)

@@ -1,6 +1,6 @@
 """Snapshot rules: freeze candidates into train.dataset_snapshot and export them for TRL.
 
-The work happens in SQL (sql/functions/dataset_snapshot_v6.sql); this module calls it in the
+The work happens in SQL (sql/train/create_snapshot.sql); this module calls it in the
 caller's transaction (a savepoint, retried when a concurrent refresh moved the candidates)
 and reads the frozen rows back. Example formats (TRL conversational):
 sft `{"messages"}`, dpo/orpo/simpo `{"prompt", "chosen", "rejected"}`, kto
@@ -25,7 +25,7 @@ SPLITS = ("train", "eval")
 DEFAULT_DEDUP_THRESHOLD = 0.1
 DEFAULT_EVAL_PCT = 10
 DEFAULT_NEIGHBOURS = 10
-SNAPSHOT_FUNCTION = "train.create_snapshot_v6"
+SNAPSHOT_FUNCTION = "train.create_snapshot"
 # A snapshot not taken with refresh=True reads its candidate view twice (keys, then the
 # survivors' rows); a REFRESH ... CONCURRENTLY committed in between is detected and reported as
 # serialization_failure, nothing kept. Taken again, it reads the refreshed view.
@@ -48,7 +48,7 @@ def refresh_candidates(conn: Connection, methods: Sequence[str] | None = None) -
     for method in methods or ():
         _check_method(method)
     conn.execute(
-        "SELECT train.refresh_dataset_candidates_v3(%s::text[])",
+        "SELECT train.refresh_dataset_candidates(%s::text[])",
         (list(methods) if methods is not None else None,),
     )
 
@@ -131,7 +131,7 @@ def get_snapshot_or_raise(
 
 def verify_snapshot(conn: Connection, *, snapshot_id: str) -> dict[str, Any]:
     """Recompute set_hash, example hashes and split from the stored examples."""
-    row = conn.execute("SELECT * FROM train.verify_snapshot_v1(%s)", (snapshot_id,)).fetchone()
+    row = conn.execute("SELECT * FROM train.verify_snapshot(%s)", (snapshot_id,)).fetchone()
     if row is None:
         raise NotFound(f"dataset snapshot {snapshot_id} not found", code="snapshot_not_found")
     return _as_dict(row)

@@ -69,7 +69,7 @@ def give_feedback(
     )
     if regenerated_by is not None:
         conn.execute(
-            "SELECT obs.link_regenerations_v1(%s, ARRAY[%s]::uuid[])",
+            "SELECT obs.link_regenerations(%s, ARRAY[%s]::uuid[])",
             (tenant_id, regenerated_by),
         )
     return get_log_or_raise(conn, tenant_id=tenant_id, request_id=request_id)

@@ -89,7 +89,7 @@ def _copy_and_move(conn: Connection, tenant_id: int, prepared: Prepared) -> set[
         inserted = {str(row["request_id"]) for row in cur.fetchall()}
         if inserted:
             cur.execute(
-                "SELECT obs.link_regenerations_v1(%s, %s::uuid[])",
+                "SELECT obs.link_regenerations(%s, %s::uuid[])",
                 (tenant_id, list(inserted)),
             )
     return inserted

@@ -1,4 +1,4 @@
-"""Rules of forgetting a user: the work is done by auth.forget_user_v1 in SQL."""
+"""Rules of forgetting a user: the work is done by auth.forget_user in SQL."""
 
 from __future__ import annotations
 
@@ -14,7 +14,7 @@ def forget_user(conn: Connection, *, user: str, secret: bytes) -> dict[str, Any]
     if not user or "\x00" in user:
         raise Unprocessable("user must be a non-empty id without NUL characters", param="user")
     row = conn.execute(
-        "SELECT * FROM auth.forget_user_v1(%s)", (user_hash(user, secret),)
+        "SELECT * FROM auth.forget_user(%s)", (user_hash(user, secret),)
     ).fetchone()
     assert row is not None
     out = dict(row)

@@ -146,5 +146,5 @@ def cancel(conn: Connection, *, run_id: UUID) -> TrainingRunOut:
     run = get_or_raise(conn, run_id=run_id)
     if run.status in ("succeeded", "failed", "cancelled"):
         raise Conflict(f"training run {run_id} already {run.status}", code="training_run_finished")
-    conn.execute("SELECT train.cancel_training_run_v1(%s)", (run_id,))
+    conn.execute("SELECT train.cancel_training_run(%s)", (run_id,))
     return get_or_raise(conn, run_id=run_id)

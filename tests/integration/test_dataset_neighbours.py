@@ -6,9 +6,7 @@ from __future__ import annotations
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
-from app.core.db import downgrade, migrate
 from app.datasets import service as datasets
-from tests.support import db as testdb
 from tests.support.embeddings import encoder
 from tests.support.factories import make_log, make_route, make_tenant
 from workers.embedder.model import to_halfvec
@@ -114,7 +112,7 @@ def test_embed_worker_stores_paraphrase_edges_once(conn):
     assert all(0 < r["distance"] < 0.1 for r in rows)
     assert all(r["tenant_id"] == tenant["id"] and r["route"] == route["name"] for r in rows)
     marks = conn.execute(
-        "SELECT s.radius, s.max_neighbours, s.prompt_hash = train.prompt_hash_v1(l.messages) AS ok"
+        "SELECT s.radius, s.max_neighbours, s.prompt_hash = train.prompt_hash(l.messages) AS ok"
         " FROM obs.prompt_neighbour_scan s"
         " JOIN obs.inference_log l ON l.id = s.log_id AND l.created_at = s.created_at"
     ).fetchall()
@@ -216,96 +214,6 @@ def test_rows_not_searched_fall_back_to_live_probes(conn):
     assert wide["counts"]["searched_rows"] == 0
 
 
-def _frozen(
-    conn: Any, version: str, tenant: Any, route: Any, until: datetime, threshold: float, method: str
-) -> tuple[Any, list[Any]]:
-    """A snapshot through create_snapshot_<version>, and its examples as stored."""
-    snap = conn.execute(
-        f"SELECT * FROM train.create_snapshot_{version}(%s, %s, %s, p_until => %s,"
-        " p_dedup_threshold => %s)",
-        (tenant["id"], route["name"], method, until, threshold),
-    ).fetchone()
-    examples = conn.execute(
-        "SELECT example_hash, split, example::text AS example FROM train.dataset_example"
-        " WHERE snapshot_id = %s ORDER BY example_hash",
-        (snap["id"],),
-    ).fetchall()
-    return snap, examples
-
-
-def _counts_add_up(snap: Any) -> None:
-    c = snap["counts"]
-    assert c["view_rows"] >= c["in_window"] >= c["live_ok"] >= c["exact_dedup"]
-    assert c["exact_dedup"] >= c["semantic_dedup"] == snap["n_train"] + snap["n_eval"]
-    assert c["searched_rows"] + c["probed_live"] + c["without_embedding"] == c["exact_dedup"] or (
-        snap["params"]["dedup_threshold"] == 0
-    )
-    assert set(snap["params"]["step_ms"]) == {
-        "candidates",
-        "exact_dedup",
-        "edges",
-        "live_probes",
-        "semantic_dedup",
-        "write",
-    }
-
-
-def test_v6_over_the_example_views_builds_the_snapshots_v5_built(conn, db_url):
-    """0015 moved each candidate's example into the candidate views: the same traffic frozen
-    by v5 over the 0014 views (examples built at the write) and by v6 over the 0015 views
-    (examples copied) gives the same counts, split, set_hash and stored examples."""
-    downgrade(db_url, "0014")
-    tenant, route, _other, _ids = _traffic(conn)
-    embed_and_link(conn, encoder(), radius=RADIUS, neighbours=K)
-    # An exact duplicate of the best paraphrase and a row with no embedding join in.
-    make_log(
-        conn,
-        tenant_id=tenant["id"],
-        route=route["name"],
-        messages=_user("how do I  RESET my password?"),
-        completion="dup",
-        fb_explicit=1,
-    )
-    # Edits with no embedding (their prompt hash is computed from the view row): two with the
-    # same normalised prompt (exact dedup keeps one), one more.
-    for text, edit in [("Fix my invoice", "a"), ("fix my  INVOICE", "b"), ("Other", "c")]:
-        make_log(
-            conn,
-            tenant_id=tenant["id"],
-            route=route["name"],
-            messages=_user(text),
-            completion="draft",
-            fb_edited=True,
-            edited_completion=f"edited {edit}",
-        )
-    conn.execute("SELECT train.refresh_dataset_candidates_v2()")  # (what 0014 has)
-    until = datetime.now(UTC) + timedelta(seconds=1)
-    # KTO: edges only; then a threshold above the search radius (every survivor probed live);
-    # then no semantic dedup at all. SFT and DPO from the edits.
-    runs = [("kto", 0.1), ("kto", 0.3), ("kto", 0.0), ("sft", 0.1), ("dpo", 0.1)]
-    old = {r: _frozen(conn, "v5", tenant, route, until, r[1], r[0]) for r in runs}
-    migrate(db_url)  # 0015: the views are rebuilt from the same log
-    fields = ("counts", "n_train", "n_eval", "set_hash", "method", "route", "tenant_id")
-    results = {}
-    for r in runs:
-        (v5, v5_examples), (v6, v6_examples) = (
-            old[r],
-            _frozen(conn, "v6", tenant, route, until, *r[::-1]),
-        )
-        assert {f: v6[f] for f in fields} == {f: v5[f] for f in fields}, r
-        assert v6_examples == v5_examples and v6_examples, r
-        _counts_add_up(v6)
-        assert datasets.verify_snapshot(conn, snapshot_id=v6["id"])["set_hash_ok"]
-        results[r] = v6["counts"]
-    assert results["kto", 0.1]["semantic_dedup"] == 4 and results["kto", 0.1]["probed_live"] == 0
-    assert results["kto", 0.3]["probed_live"] == 6 and results["kto", 0.3]["without_embedding"] == 1
-    assert results["kto", 0.3]["semantic_dedup"] == 4
-    assert results["kto", 0.0]["semantic_dedup"] == results["kto", 0.0]["exact_dedup"] == 7
-    for method in ("sft", "dpo"):
-        counts = results[method, 0.1]
-        assert (counts["live_ok"], counts["exact_dedup"], counts["without_embedding"]) == (3, 2, 2)
-
-
 def test_deleting_log_rows_deletes_their_edges_and_marks(conn):
     _tenant, _route, _other, ids = _traffic(conn)
     embed_and_link(conn, encoder(), radius=RADIUS, neighbours=K)
@@ -315,15 +223,3 @@ def test_deleting_log_rows_deletes_their_edges_and_marks(conn):
         "SELECT count(*) AS n FROM obs.prompt_neighbour_scan WHERE log_id = %s", (ids[0],)
     ).fetchone()
     assert left["n"] == 0
-
-
-def test_migration_down_and_up_again(pg_server):
-    query = (
-        "SELECT to_regclass('obs.prompt_neighbour') IS NOT NULL,"
-        " to_regclass('obs.prompt_neighbour_scan') IS NOT NULL,"
-        " (SELECT count(*) FROM pg_trigger WHERE tgname LIKE 'inference_log_%embedded'"
-        "   OR tgname = 'inference_log_forget_neighbours')"
-    )
-    up, down, up_again = testdb.migration_round_trip(pg_server, "0010", query)
-    assert up[:2] == up_again[:2] == (True, True)
-    assert down == (False, False, 0)

@@ -24,7 +24,6 @@ from app.core.db import as_tenant
 from app.core.errors import BadRequest
 from app.datasets import service as datasets
 from app.main import create_app
-from tests.support import db as testdb
 from tests.support.embeddings import encoder
 from tests.support.factories import make_log, make_route, make_tenant
 from tests.support.servers import serve_app
@@ -93,7 +92,7 @@ def test_kto_rules_consent_pii_and_zero_feedback(conn, world):
 
     # The non-consenting tenant is absent from the view itself, and consent is re-checked live.
     n = conn.execute(
-        "SELECT count(*) AS n FROM train.kto_candidate_v1 WHERE tenant_id = %s", (other["id"],)
+        "SELECT count(*) AS n FROM train.kto_candidate WHERE tenant_id = %s", (other["id"],)
     ).fetchone()
     assert n["n"] == 0
     with pytest.raises(Exception, match="not found"):
@@ -197,7 +196,7 @@ def test_a_delete_committed_while_a_refresh_runs_keeps_its_marker(conn, world, d
     with psycopg.connect(db_url) as blocker, psycopg.connect(db_url, autocommit=True) as refresher:
         # The last view the refresh takes is held by another refresh: it refreshes the KTO
         # view, then waits.
-        blocker.execute("REFRESH MATERIALIZED VIEW CONCURRENTLY train.pair_candidate_v1")
+        blocker.execute("REFRESH MATERIALIZED VIEW CONCURRENTLY train.pair_candidate")
         pid = refresher.execute("SELECT pg_backend_pid()").fetchone()[0]
         done = threading.Event()
         worker = threading.Thread(
@@ -231,12 +230,12 @@ def _refreshed(conn: Any) -> dict[str, bool]:
 
 
 def _view_rows(conn: Any, view: str) -> int:
-    return int(conn.execute(f"SELECT count(*) AS n FROM train.{view}_candidate_v1").fetchone()["n"])
+    return int(conn.execute(f"SELECT count(*) AS n FROM train.{view}_candidate").fetchone()["n"])
 
 
 def _view(conn: Any, view: str) -> dict[Any, Any]:
     rows = conn.execute(
-        f"SELECT prompt_log_id, example, example_hash, dup_check_off FROM train.{view}_candidate_v1"
+        f"SELECT prompt_log_id, example, example_hash, dup_check_off FROM train.{view}_candidate"
     ).fetchall()
     assert all(r["dup_check_off"] is None for r in rows)
     return {r["prompt_log_id"]: r["example"] for r in rows}
@@ -268,8 +267,7 @@ def test_a_concurrent_refresh_follows_changed_new_and_deleted_rows(conn, world):
     assert after["sft"][edit["id"]]["messages"][-1]["content"] == "c, edited twice"
     assert after["pair"][edit["id"]]["chosen"][0]["content"] == "c, edited twice"
     hashes = conn.execute(
-        "SELECT bool_and(example_hash = train.example_hash_v1(example)) AS ok"
-        " FROM train.kto_candidate_v1"
+        "SELECT bool_and(example_hash = train.example_hash(example)) AS ok FROM train.kto_candidate"
     ).fetchone()
     assert hashes["ok"] is True
 
@@ -291,7 +289,7 @@ def test_a_snapshot_refreshes_only_the_view_its_method_reads(conn, world):
     with pytest.raises(BadRequest, match="unknown method 'ppo'"):
         datasets.refresh_candidates(conn, ["kto", "ppo"])
     with pytest.raises(psycopg.errors.InvalidParameterValue, match="unknown method ppo"):
-        conn.execute("SELECT train.refresh_dataset_candidates_v3(ARRAY['ppo'])")
+        conn.execute("SELECT train.refresh_dataset_candidates(ARRAY['ppo'])")
 
 
 def test_markers_go_once_every_view_has_been_refreshed_since(conn, world):
@@ -329,17 +327,6 @@ def test_cli_refreshes_one_method_or_all(conn, db_url, tmp_path):
     assert _refreshed(conn) == {"sft": True, "kto": True, "pair": True}
     res = subprocess.run([*cmd, "--method", "ppo"], env=env, capture_output=True, text=True)
     assert res.returncode == 2 and "invalid choice" in res.stderr
-
-
-def test_migration_0016_down_and_up_again(pg_server):
-    query = (
-        "SELECT to_regprocedure('train.refresh_dataset_candidates_v3(text[])') IS NOT NULL,"
-        " to_regclass('train.candidate_view_refresh') IS NOT NULL,"
-        " to_regprocedure('train.refresh_dataset_candidates_v2()') IS NOT NULL"
-    )
-    up, down, up_again = testdb.migration_round_trip(pg_server, "0015", query)
-    assert up == up_again == (True, True, True)
-    assert down == (False, False, True)
 
 
 def _wait_for_lock(conn: Any, pid: int) -> None:
@@ -381,7 +368,7 @@ def _snapshot_across_a_refresh(conn, db_url, world, take) -> Any:
             "UPDATE obs.inference_log SET completion = 'changed' WHERE id ="
             " (SELECT min(id) FROM obs.inference_log WHERE fb_explicit <> 0)"
         )
-        conn.execute("REFRESH MATERIALIZED VIEW CONCURRENTLY train.kto_candidate_v1")
+        conn.execute("REFRESH MATERIALIZED VIEW CONCURRENTLY train.kto_candidate")
         blocker.rollback()
         worker.join(60)
         assert not worker.is_alive()
@@ -397,7 +384,7 @@ def test_a_refresh_between_reading_and_writing_refuses_the_snapshot(conn, world,
         db_url,
         world,
         lambda c: c.execute(
-            "SELECT id FROM train.create_snapshot_v6(%s, %s, 'kto', p_dedup_threshold => 0)",
+            "SELECT id FROM train.create_snapshot(%s, %s, 'kto', p_dedup_threshold => 0)",
             (tenant["id"], route["name"]),
         ).fetchone(),
     )
@@ -897,15 +884,15 @@ def test_rebuild_gives_identical_split_and_set_hash(conn, world):
     ) == datasets.export_snapshot(conn, snapshot_id=b["id"], split="eval")
     # The set hash is reproducible by hand from the stored examples.
     h = conn.execute(
-        "SELECT encode(sha256(string_agg(train.example_hash_v1(example), ''::bytea"
-        " ORDER BY train.example_hash_v1(example))), 'hex') AS h FROM train.dataset_example WHERE snapshot_id = %s",
+        "SELECT encode(sha256(string_agg(train.example_hash(example), ''::bytea"
+        " ORDER BY train.example_hash(example))), 'hex') AS h FROM train.dataset_example WHERE snapshot_id = %s",
         (a["id"],),
     ).fetchone()["h"]
     assert h == a["set_hash"]
-    assert "FROM train.kto_candidate_v1 c" in a["query_sql"]
+    assert "FROM train.kto_candidate c" in a["query_sql"]
     # The statements that are not the candidate query are kept with it, as run.
     assert "FROM obs.deleted_log d" in a["params"]["dead_rows"]
-    assert "c.log_ids, c.example\n  FROM train.kto_candidate_v1 c" in a["params"]["write"]
+    assert "c.log_ids, c.example\n  FROM train.kto_candidate c" in a["params"]["write"]
     assert a["params"]["until"] and a["params"]["eval_pct"] == 20
 
 
@@ -928,7 +915,7 @@ def test_api_role_can_snapshot_only_its_own_tenant(conn, world):
             == snap["n_train"]
         )
         with pytest.raises(psycopg.errors.InsufficientPrivilege):
-            c.execute("SELECT * FROM train.kto_candidate_v1")
+            c.execute("SELECT * FROM train.kto_candidate")
         c.rollback()
 
 
@@ -1008,46 +995,3 @@ def test_small_snapshot_still_has_one_eval_example_and_verifies(conn, world):
     assert ev(snap) == ev(again)
     none = _snapshot(conn, tenant, route, "kto", dedup_threshold=0, eval_pct=0)
     assert none["n_eval"] == 0
-
-
-def test_migration_0015_down_and_up_again(pg_server):
-    signature = "(int, text, text, timestamptz, timestamptz, double precision, int, int, text)"
-    query = (
-        f"SELECT to_regprocedure('train.create_snapshot_v6{signature}') IS NOT NULL,"
-        f" to_regprocedure('train.create_snapshot_v5{signature}') IS NOT NULL,"
-        f" to_regprocedure('train.create_snapshot_v1{signature}') IS NOT NULL,"
-        " (SELECT array_agg(attname ORDER BY attname) FROM pg_attribute"
-        "   WHERE attrelid = 'train.pair_candidate_v1'::regclass"
-        "     AND attname IN ('example', 'prompt', 'chosen', 'rejected')),"
-        " (SELECT count(*) FROM train.kto_candidate_v1),"
-        " has_table_privilege('cft_dashboard', 'train.kto_candidate_v1', 'SELECT')"
-    )
-    up, down, up_again = testdb.migration_round_trip(pg_server, "0014", query)
-    assert up == up_again == (True, False, False, ["example"], 0, True)
-    assert down == (False, True, True, ["chosen", "prompt", "rejected"], 0, True)
-
-
-def test_migration_0014_down_and_up_again(pg_server):
-    query = (
-        "SELECT to_regclass('train.dataset_example_pkey') IS NOT NULL,"
-        " to_regclass('train.dataset_example_snapshot_idx') IS NOT NULL,"
-        " (SELECT tgtype & 1 = 1 FROM pg_trigger WHERE tgname = 'dataset_example_insert_checked'),"
-        " has_table_privilege('cft_app', 'train.dataset_example', 'INSERT')"
-    )
-    up, down, up_again = testdb.migration_round_trip(pg_server, "0013", query)
-    assert up == up_again == (False, True, True, False)
-    assert down == (True, False, False, True)
-
-
-def test_migration_0013_down_and_up_again(pg_server):
-    query = (
-        "SELECT to_regclass('obs.deleted_log') IS NOT NULL,"
-        " to_regclass('train.dataset_example_log_ids_idx') IS NOT NULL,"
-        " (SELECT count(*) FROM pg_attribute WHERE attname = 'example_hash'"
-        "   AND attrelid = 'train.kto_candidate_v1'::regclass),"
-        " (SELECT count(*) FROM pg_trigger WHERE tgname LIKE 'inference_log_%marked'"
-        "   AND tgparentid = 0)"
-    )
-    up, down, up_again = testdb.migration_round_trip(pg_server, "0012", query)
-    assert up == up_again == (True, False, 1, 2)
-    assert down == (False, True, 0, 0)

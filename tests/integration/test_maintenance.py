@@ -55,7 +55,7 @@ def test_maintenance_pass_prunes_neighbours_of_dropped_rows(conn):
     t = make_tenant(conn)
     ancient = _embedded_log(conn, t["id"], "now() - interval '400 days'")
     # Older than the cutoff, but its week reaches past it: the partition and the row stay.
-    kept_old = _embedded_log(conn, t["id"], "obs.week_start_v1(now() - interval '90 days')")
+    kept_old = _embedded_log(conn, t["id"], "obs.week_start(now() - interval '90 days')")
     recent = _embedded_log(conn, t["id"], "now() - interval '1 day'")
     edges = [(ancient, recent), (kept_old, recent)]
     for a, b in edges:

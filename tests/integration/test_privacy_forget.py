@@ -220,8 +220,8 @@ def test_forget_needs_admin_and_clears_candidate_views(world, conn):
         headers=h(world["a_ingest"]),
     )
     assert fb.status_code == 200, fb.text
-    conn.execute("SELECT train.refresh_dataset_candidates_v1()")
-    in_view = "SELECT count(*) AS n FROM train.sft_candidate_v1 WHERE example::text LIKE %s"
+    conn.execute("SELECT train.refresh_dataset_candidates()")
+    in_view = "SELECT count(*) AS n FROM train.sft_candidate WHERE example::text LIKE %s"
     assert conn.execute(in_view, ("%forgottena q0%",)).fetchone()["n"] == 1
     r = httpx.post(f"{base}/v1/users/forget", json={"user": RAW_USER}, headers=h(world["a_admin"]))
     assert r.status_code == 200, r.text
@@ -256,7 +256,7 @@ def test_function_refuses_without_a_tenant_and_to_the_dashboard(conn):
     import psycopg
 
     with pytest.raises(psycopg.errors.InsufficientPrivilege):
-        conn.execute("SELECT auth.forget_user_v1(%s)", (b"\x00" * 32,))
+        conn.execute("SELECT auth.forget_user(%s)", (b"\x00" * 32,))
     with pytest.raises(psycopg.errors.InsufficientPrivilege), conn.transaction():
         conn.execute("SET LOCAL ROLE cft_dashboard")
-        conn.execute("SELECT auth.forget_user_v1(%s)", (b"\x00" * 32,))
+        conn.execute("SELECT auth.forget_user(%s)", (b"\x00" * 32,))

@@ -208,7 +208,7 @@ def test_cancel_stops_a_running_worker(conn, db_url, tmp_path, models_dir, bases
     ):
         assert time.monotonic() < deadline
         time.sleep(0.2)
-    conn.execute("SELECT train.cancel_training_run_v1(%s)", (run["id"],))
+    conn.execute("SELECT train.cancel_training_run(%s)", (run["id"],))
     t.join(timeout=120)
     row = conn.execute("SELECT * FROM train.training_run WHERE id = %s", (run["id"],)).fetchone()
     assert row["status"] == "cancelled", row

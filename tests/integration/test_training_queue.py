@@ -81,7 +81,7 @@ def test_expired_lease_is_reclaimed_then_bounded(conn) -> None:  # type: ignore[
     assert second["attempts"] == 2 and "lease of worker dead-worker expired" in second["error"]
     # The old worker's heartbeat learns the run is not its own any more.
     hb = conn.execute(
-        "SELECT train.heartbeat_training_run_v1(%s, 'dead-worker', '60 s') AS c", (run["id"],)
+        "SELECT train.heartbeat_training_run(%s, 'dead-worker', '60 s') AS c", (run["id"],)
     ).fetchone()
     assert hb["c"] is None
     time.sleep(0.4)
@@ -98,22 +98,22 @@ def test_heartbeat_renews_and_reports_cancel(conn) -> None:  # type: ignore[no-u
     for _ in range(3):
         time.sleep(0.25)
         c = conn.execute(
-            "SELECT train.heartbeat_training_run_v1(%s, 'w', '0.5 s', %s) AS c",
+            "SELECT train.heartbeat_training_run(%s, 'w', '0.5 s', %s) AS c",
             (run["id"], '{"step": 1}'),
         ).fetchone()["c"]
         assert c is False
     assert claim(conn, "thief", 60) is None  # renewed, never expired
     assert _run(conn, run["id"])["progress"] == {"step": 1}
     assert (
-        conn.execute("SELECT train.cancel_training_run_v1(%s) AS s", (run["id"],)).fetchone()["s"]
+        conn.execute("SELECT train.cancel_training_run(%s) AS s", (run["id"],)).fetchone()["s"]
         == "running"
     )
     c = conn.execute(
-        "SELECT train.heartbeat_training_run_v1(%s, 'w', '1 s') AS c", (run["id"],)
+        "SELECT train.heartbeat_training_run(%s, 'w', '1 s') AS c", (run["id"],)
     ).fetchone()["c"]
     assert c is True
     st = conn.execute(
-        "SELECT train.fail_training_run_v1(%s, 'w', 'cancelled', true) AS s", (run["id"],)
+        "SELECT train.fail_training_run(%s, 'w', 'cancelled', true) AS s", (run["id"],)
     ).fetchone()["s"]
     assert st == "cancelled"
 
@@ -125,7 +125,7 @@ def test_cancel_queued_run_and_notify_on_enqueue(conn, db_url) -> None:  # type:
         run = make_run(conn, snapshot=snap)
         notes = list(listener.notifies(timeout=5, stop_after=1))
     assert [n.payload for n in notes] == [str(run["id"])]
-    st = conn.execute("SELECT train.cancel_training_run_v1(%s) AS s", (run["id"],)).fetchone()["s"]
+    st = conn.execute("SELECT train.cancel_training_run(%s) AS s", (run["id"],)).fetchone()["s"]
     assert st == "cancelled"
     assert claim(conn, "w", 60) is None
 
@@ -135,12 +135,12 @@ def test_retry_is_bounded_and_failure_is_readable(conn) -> None:  # type: ignore
     run = make_run(conn, snapshot=snap, max_attempts=2)
     claim(conn, "w", 60)
     st = conn.execute(
-        "SELECT train.fail_training_run_v1(%s, 'w', 'OSError: boom', true) AS s", (run["id"],)
+        "SELECT train.fail_training_run(%s, 'w', 'OSError: boom', true) AS s", (run["id"],)
     ).fetchone()["s"]
     assert st == "queued"
     assert claim(conn, "w", 60)["attempts"] == 2
     st = conn.execute(
-        "SELECT train.fail_training_run_v1(%s, 'w', 'OSError: boom again', true) AS s",
+        "SELECT train.fail_training_run(%s, 'w', 'OSError: boom again', true) AS s",
         (run["id"],),
     ).fetchone()["s"]
     assert st == "failed"

@@ -7,14 +7,13 @@ import os
 import tempfile
 import threading
 from collections.abc import Iterator
-from contextlib import contextmanager
 from pathlib import Path
 from urllib.parse import quote
 
 import psycopg
 
 from app.core import embedded
-from app.core.db import downgrade, migrate
+from app.core.db import migrate
 
 TEMPLATE = "cft_template"
 # Tests trade durability for speed; production keeps fsync on.
@@ -66,26 +65,6 @@ def drop(server_url: str, url: str) -> None:
         conn.execute(f'DROP DATABASE IF EXISTS "{dbname}" WITH (FORCE)')
 
 
-def migration_round_trip(server_url: str, down_to: str, query: str) -> list[tuple[object, ...]]:
-    """Migrate a new database to head, down to `down_to`, up again; `query`'s row after each."""
-    name = f"mig_{os.getpid()}_{next(_counter)}"
-    with psycopg.connect(server_url, autocommit=True) as conn:
-        conn.execute(f'CREATE DATABASE "{name}"')
-    url = with_database(server_url, name)
-    rows: list[tuple[object, ...]] = []
-    try:
-        for step in (lambda: migrate(url), lambda: downgrade(url, down_to), lambda: migrate(url)):
-            step()
-            with psycopg.connect(url) as conn:
-                row = conn.execute(query).fetchone()
-                assert row is not None
-                rows.append(tuple(row))
-    finally:
-        drop(server_url, url)
-    return rows
-
-
-@contextmanager
 def dedicated_server(
     prefix: str, *, tuning: dict[str, str] | None = None
 ) -> Iterator[tuple[Path, str]]:

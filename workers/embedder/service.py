@@ -1,5 +1,5 @@
 """One embedding pass: claim rows without an embedding, embed their prompts, write them back;
-then search the near duplicates of the newly embedded rows (obs.compute_prompt_neighbours_v1)."""
+then search the near duplicates of the newly embedded rows (obs.compute_prompt_neighbours)."""
 
 from __future__ import annotations
 
@@ -59,7 +59,7 @@ def link_batch(conn: Connection, *, radius: float, neighbours: int, batch_size: 
     returns how many rows were marked searched."""
     with conn.transaction():
         row = conn.execute(
-            "SELECT obs.compute_prompt_neighbours_v1(%s, %s, %s) AS n",
+            "SELECT obs.compute_prompt_neighbours(%s, %s, %s) AS n",
             (radius, neighbours, batch_size),
         ).fetchone()
     return int(row["n"] if isinstance(row, dict) else row[0]) if row else 0

@@ -92,7 +92,7 @@ class Evaluator:
         with _connect(self.cfg.db_url) as conn:
             while not self.stop.is_set():
                 req = conn.execute(
-                    "SELECT * FROM train.claim_eval_request_v1(%s, %s::interval)",
+                    "SELECT * FROM train.claim_eval_request(%s, %s::interval)",
                     (self.cfg.worker_id, f"{self.cfg.lease_s} seconds"),
                 ).fetchone()
                 if req is None:

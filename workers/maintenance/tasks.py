@@ -22,11 +22,11 @@ class MaintenanceReport:
     neighbours_pruned: int = 0
 
 
-# Everything older than this is gone from obs.inference_log after drop_partitions_v1: the
+# Everything older than this is gone from obs.inference_log after obs.drop_partitions: the
 # retention cutoff, or earlier when the oldest remaining partition starts before it (a partition
 # is dropped only when its whole week is past the cutoff, so its older rows stay).
 _PRUNE_NEIGHBOURS_SQL = """
-SELECT obs.prune_prompt_neighbours_v1(least(
+SELECT obs.prune_prompt_neighbours(least(
          now() - %s::interval,
          (SELECT min(from_at) FROM obs.inference_log_partition))) AS n
 """
@@ -40,13 +40,13 @@ def run_once(conn: Connection, *, weeks_ahead: int, retention_days: int) -> Main
     keep = f"{int(retention_days)} days"
     report = MaintenanceReport()
     with conn.transaction():
-        rows = conn.execute("SELECT * FROM obs.create_partitions_v1(%s)", (weeks_ahead,))
+        rows = conn.execute("SELECT * FROM obs.create_partitions(%s)", (weeks_ahead,))
         report.created = [next(iter(r.values())) for r in rows]
     with conn.transaction():
-        rows = conn.execute("SELECT * FROM obs.move_default_rows_v1(%s::interval)", (keep,))
+        rows = conn.execute("SELECT * FROM obs.move_default_rows(%s::interval)", (keep,))
         report.rescued = [next(iter(r.values())) for r in rows]
     with conn.transaction():
-        rows = conn.execute("SELECT * FROM obs.drop_partitions_v1(%s::interval)", (keep,))
+        rows = conn.execute("SELECT * FROM obs.drop_partitions(%s::interval)", (keep,))
         report.dropped = [next(iter(r.values())) for r in rows]
         pruned = conn.execute(_PRUNE_NEIGHBOURS_SQL, (keep,)).fetchone()
         report.neighbours_pruned = int(next(iter(pruned.values()))) if pruned else 0

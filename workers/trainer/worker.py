@@ -109,7 +109,7 @@ class _Heartbeat(threading.Thread):
 
     def beat(self, conn: psycopg.Connection[Any]) -> None:
         row = conn.execute(
-            "SELECT train.heartbeat_training_run_v1(%s, %s, %s::interval, %s) AS cancel",
+            "SELECT train.heartbeat_training_run(%s, %s, %s::interval, %s) AS cancel",
             (
                 self.run_id,
                 self.cfg.worker_id,
@@ -147,7 +147,7 @@ class _Heartbeat(threading.Thread):
 def claim(conn: psycopg.Connection[Any], worker_id: str, lease_s: float) -> dict[str, Any] | None:
     """Claim one runnable training run for worker_id, or None."""
     row: dict[str, Any] | None = conn.execute(
-        "SELECT * FROM train.claim_training_run_v1(%s, %s::interval)",
+        "SELECT * FROM train.claim_training_run(%s, %s::interval)",
         (worker_id, _interval(lease_s)),
     ).fetchone()
     return row
@@ -250,7 +250,7 @@ class Worker:
     def _fail(self, run_id: uuid.UUID, error: str, *, retry: bool) -> None:
         with _connect(self.cfg.db_url) as conn:
             row = conn.execute(
-                "SELECT train.fail_training_run_v1(%s, %s, %s, %s) AS status",
+                "SELECT train.fail_training_run(%s, %s, %s, %s) AS status",
                 (run_id, self.cfg.worker_id, error[:4000], retry),
             ).fetchone()
         log.info("run %s: %s (%s)", run_id, row["status"] if row else "not ours", error)

@@ -1,0 +1,45 @@
+-- (tenant_id, request_id) must be unique across all partitions. A unique index on the
+-- partitioned table would have to include created_at, which would not stop a retry stamped
+-- with another time. This unpartitioned key table is the arbiter; a trigger keeps it in step.
+CREATE TABLE obs.request_key (
+  tenant_id  int  NOT NULL,
+  request_id uuid NOT NULL,
+  log_id     bigint NOT NULL,
+  created_at timestamptz NOT NULL,
+  PRIMARY KEY (tenant_id, request_id)
+);
+CREATE INDEX request_key_created_idx ON obs.request_key (created_at);
+COMMENT ON TABLE obs.request_key IS
+  'One row per logged (tenant, request_id): the global uniqueness arbiter and lookup index.';
+
+-- Keeps obs.request_key in step with obs.inference_log: a second row with the same
+-- (tenant_id, request_id) is refused with unique_violation, whatever its created_at.
+-- A row that keeps its id (moved between partitions by maintenance) passes. Keys are removed
+-- by the retention and forget functions, not by a DELETE trigger, so that moving rows out of
+-- DEFAULT keeps them.
+CREATE OR REPLACE FUNCTION obs.inference_log_request_key() RETURNS trigger
+
+-- SECURITY DEFINER: it writes obs.request_key, which its callers may only read.
+
+LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, public AS $$
+BEGIN
+  IF TG_OP = 'INSERT' THEN
+    INSERT INTO obs.request_key (tenant_id, request_id, log_id, created_at)
+    VALUES (NEW.tenant_id, NEW.request_id, NEW.id, NEW.created_at)
+    ON CONFLICT DO NOTHING;
+    IF NOT FOUND AND NOT EXISTS (
+         SELECT 1 FROM obs.request_key
+          WHERE tenant_id = NEW.tenant_id AND request_id = NEW.request_id AND log_id = NEW.id) THEN
+      RAISE unique_violation USING
+        MESSAGE = format('request_id %s is already logged for tenant %s', NEW.request_id, NEW.tenant_id),
+        CONSTRAINT = 'request_key_pkey';
+    END IF;
+    RETURN NEW;
+  END IF;
+  RETURN NULL;
+END
+$$;
+
+CREATE TRIGGER inference_log_request_key_ins
+  BEFORE INSERT ON obs.inference_log
+  FOR EACH ROW EXECUTE FUNCTION obs.inference_log_request_key();

@@ -1,0 +1,145 @@
+-- The promotion gate: may `candidate` replace `current` (NULL = the route has no prod yet)?
+-- Fails closed: anything missing, failed (NULL/NaN/infinite) or incomparable is a blocker.
+-- What is compared comes from train.promotion_policy (a route's row overrides the global one for
+-- the same suite and metric): direction says which way is better, tolerance is relative to
+-- |current score| (so a current score of 0 allows no regression at all).
+--
+-- Runs as the caller: a caller sees only the adapters, results and policies its role may read, and
+-- anything hidden from it counts as missing, which can only make the answer stricter.
+--
+-- The held-out family: a policy row with suite_id 'heldout:snapshot' means "the held-out split
+-- of the CANDIDATE's own dataset snapshot": both the candidate's and the current prod's rows are
+-- looked up as 'heldout:<candidate snapshot id>' (the evaluator scores the prod on the
+-- candidate's split, so the pair is like for like; scores on different splits are never
+-- compared). An adapter with no snapshot has no held-out split: the rule does not apply to it
+-- (its task suites still do).
+
+CREATE OR REPLACE FUNCTION serve.promotion_blockers(candidate text, current text)
+RETURNS TABLE (suite_id text, metric text, direction text, candidate_score numeric,
+               current_score numeric, threshold numeric, reason text)
+LANGUAGE plpgsql STABLE SET search_path = pg_catalog, public AS $$
+#variable_conflict use_column
+DECLARE
+  v_cand text := $1;
+  v_cur  text := $2;
+  c serve.adapter%ROWTYPE;
+  p serve.adapter%ROWTYPE;
+BEGIN
+  SELECT * INTO c FROM serve.adapter a WHERE a.id = v_cand;
+  IF NOT FOUND THEN
+    RETURN QUERY SELECT NULL::text, NULL::text, NULL::text, NULL::numeric, NULL::numeric,
+      NULL::numeric, format('candidate adapter %s does not exist', coalesce(v_cand, 'NULL'));
+    RETURN;
+  END IF;
+  IF v_cur IS NOT NULL THEN
+    SELECT * INTO p FROM serve.adapter a WHERE a.id = v_cur;
+    IF NOT FOUND THEN
+      RETURN QUERY SELECT NULL::text, NULL::text, NULL::text, NULL::numeric, NULL::numeric,
+        NULL::numeric, format('current adapter %s does not exist', v_cur);
+      RETURN;
+    END IF;
+    IF p.id = c.id THEN
+      RETURN QUERY SELECT NULL::text, NULL::text, NULL::text, NULL::numeric, NULL::numeric,
+        NULL::numeric, 'candidate and current are the same adapter';
+      RETURN;
+    END IF;
+    IF p.route <> c.route THEN
+      RETURN QUERY SELECT NULL::text, NULL::text, NULL::text, NULL::numeric, NULL::numeric,
+        NULL::numeric, format('candidate is on route %s, current on route %s', c.route, p.route);
+      RETURN;
+    END IF;
+    IF p.base_model <> c.base_model OR p.base_revision IS DISTINCT FROM c.base_revision THEN
+      RETURN QUERY SELECT NULL::text, NULL::text, NULL::text, NULL::numeric, NULL::numeric,
+        NULL::numeric, format('candidate is built on %s%s, current on %s%s: not comparable',
+          c.base_model, coalesce('@' || c.base_revision, ''),
+          p.base_model, coalesce('@' || p.base_revision, ''));
+      RETURN;
+    END IF;
+  END IF;
+  IF c.status IN ('training', 'failed') THEN
+    RETURN QUERY SELECT NULL::text, NULL::text, NULL::text, NULL::numeric, NULL::numeric,
+      NULL::numeric, format('candidate status is %s', c.status);
+  END IF;
+  IF c.tainted_at IS NOT NULL THEN
+    RETURN QUERY SELECT NULL::text, NULL::text, NULL::text, NULL::numeric, NULL::numeric,
+      NULL::numeric, format('candidate is tainted: %s', coalesce(c.tainted_reason, 'no reason given'));
+  END IF;
+  IF NOT EXISTS (SELECT 1 FROM train.eval_result r WHERE r.adapter_id = c.id) THEN
+    RETURN QUERY SELECT NULL::text, NULL::text, NULL::text, NULL::numeric, NULL::numeric,
+      NULL::numeric, 'candidate has no eval results';
+  END IF;
+  IF NOT EXISTS (SELECT 1 FROM train.promotion_policy pp
+                  WHERE pp.route = c.route OR pp.route IS NULL) THEN
+    RETURN QUERY SELECT NULL::text, NULL::text, NULL::text, NULL::numeric, NULL::numeric,
+      NULL::numeric, format('no promotion policy applies to route %s (train.promotion_policy)', c.route);
+  END IF;
+
+  RETURN QUERY
+  WITH pol AS (
+    SELECT q.metric, q.direction, q.tolerance, q.required,
+           CASE WHEN q.suite_id = 'heldout:snapshot' THEN 'heldout:' || c.dataset_snapshot_id::text
+                ELSE q.suite_id END AS suite_id
+      FROM (SELECT DISTINCT ON (pp.suite_id, pp.metric)
+                   pp.suite_id, pp.metric, pp.direction, pp.tolerance, pp.required
+              FROM train.promotion_policy pp
+             WHERE pp.route = c.route OR pp.route IS NULL
+             ORDER BY pp.suite_id, pp.metric, pp.route NULLS LAST) q
+     WHERE NOT (q.suite_id = 'heldout:snapshot' AND c.dataset_snapshot_id IS NULL)
+  ), cmp AS (
+    SELECT pol.*,
+           cr.adapter_id IS NOT NULL AS c_has, cr.score AS cs, cr.judge_model AS cj,
+           pr.adapter_id IS NOT NULL AS p_has, pr.score AS ps, pr.judge_model AS pj
+      FROM pol
+      LEFT JOIN train.eval_result cr
+             ON cr.adapter_id = c.id AND cr.suite_id = pol.suite_id AND cr.metric = pol.metric
+      LEFT JOIN train.eval_result pr
+             ON pr.adapter_id = v_cur AND pr.suite_id = pol.suite_id AND pr.metric = pol.metric
+  ), lim AS (
+    SELECT cmp.*,
+           (cs IS NOT NULL AND cs NOT IN ('NaN', 'Infinity', '-Infinity')) AS c_ok,
+           (ps IS NOT NULL AND ps NOT IN ('NaN', 'Infinity', '-Infinity')) AS p_ok
+      FROM cmp
+  ), judged AS (
+    SELECT lim.*,
+           CASE WHEN p_ok THEN
+             CASE direction WHEN 'higher' THEN ps - tolerance * abs(ps)
+                            ELSE ps + tolerance * abs(ps) END
+           END AS thr
+      FROM lim
+  ), verdict AS (
+    SELECT judged.*,
+      CASE
+        WHEN required AND NOT c_has THEN 'candidate has no result for this required metric'
+        WHEN NOT c_has AND p_has THEN 'candidate lacks a policy metric the current adapter has'
+        WHEN NOT c_has THEN NULL
+        WHEN NOT c_ok THEN 'candidate score is not a finite number (failed evaluation)'
+        WHEN v_cur IS NULL THEN NULL
+        WHEN NOT p_has AND required
+          THEN 'current adapter has no result for this required metric: evaluate it on the same suite'
+        WHEN NOT p_has THEN NULL
+        WHEN NOT p_ok THEN 'current score is not a finite number: not comparable'
+        WHEN cj IS DISTINCT FROM pj
+          THEN format('judged by different models (%s vs %s): not comparable',
+                      coalesce(cj, 'none'), coalesce(pj, 'none'))
+        WHEN direction = 'higher' AND cs < thr
+          THEN format('regression: %s < %s (higher is better, tolerance %s)', cs, thr, tolerance)
+        WHEN direction = 'lower' AND cs > thr
+          THEN format('regression: %s > %s (lower is better, tolerance %s)', cs, thr, tolerance)
+      END AS why
+      FROM judged
+  )
+  SELECT v.suite_id, v.metric, v.direction, v.cs, v.ps, v.thr, v.why
+    FROM verdict v WHERE v.why IS NOT NULL
+   ORDER BY v.suite_id, v.metric;
+END
+$$;
+COMMENT ON FUNCTION serve.promotion_blockers(text, text) IS
+  'Why candidate may not replace current (NULL = no prod yet): one row per blocker, none = allowed.';
+
+-- The seed's signature; true only when there is no blocker at all.
+CREATE OR REPLACE FUNCTION serve.can_promote(candidate text, current text) RETURNS boolean
+LANGUAGE sql STABLE SET search_path = pg_catalog, public AS $$
+  SELECT NOT EXISTS (SELECT 1 FROM serve.promotion_blockers($1, $2))
+$$;
+COMMENT ON FUNCTION serve.can_promote(text, text) IS
+  'Fail-closed promotion gate: may candidate replace current (NULL = no prod yet)? See promotion_blockers.';

@@ -1,0 +1,107 @@
+-- The evaluator: task suites per route, evaluation requests, and the default global policy.
+
+-- A task suite: prompts with checks, scored as a pass rate (eval_result suite_id = id).
+-- Ids carry no ':' so they never collide with the held-out suites 'heldout:<snapshot id>'.
+CREATE TABLE train.eval_suite (
+  id          text PRIMARY KEY CHECK (id ~ '^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$' AND id <> 'heldout'),
+  tenant_id   int NOT NULL REFERENCES tenant(id) ON DELETE CASCADE,
+  route       text,            -- NULL = every route of the tenant
+  name        text NOT NULL,
+  kind        text NOT NULL DEFAULT 'task' CHECK (kind IN ('task', 'judge')),
+  rubric      text,            -- kind judge: what the judge model scores (0-10)
+  created_at  timestamptz NOT NULL DEFAULT now(),
+  FOREIGN KEY (route, tenant_id) REFERENCES serve.route (name, tenant_id) ON DELETE CASCADE
+);
+CREATE INDEX eval_suite_route_idx ON train.eval_suite (tenant_id, route);
+
+CREATE TABLE train.eval_case (
+  id          bigint GENERATED ALWAYS AS IDENTITY PRIMARY KEY,
+  suite_id    text NOT NULL REFERENCES train.eval_suite(id) ON DELETE CASCADE,
+  messages    jsonb NOT NULL CHECK (jsonb_typeof(messages) = 'array'),
+  check_kind  text NOT NULL CHECK (check_kind IN ('exact', 'contains', 'regex', 'json_schema', 'max_length')),
+  expected    jsonb NOT NULL,
+  max_tokens  int NOT NULL DEFAULT 32 CHECK (max_tokens BETWEEN 1 AND 4096)
+);
+CREATE INDEX eval_case_suite_idx ON train.eval_case (suite_id, id);
+
+-- One evaluation of one adapter: asked for over REST, or queued by the worker for a new candidate.
+CREATE TABLE train.eval_request (
+  id           bigint GENERATED ALWAYS AS IDENTITY PRIMARY KEY,
+  tenant_id    int NOT NULL REFERENCES tenant(id) ON DELETE CASCADE,
+  adapter_id   text NOT NULL REFERENCES serve.adapter(id) ON DELETE CASCADE,
+  status       text NOT NULL DEFAULT 'queued' CHECK (status IN ('queued', 'running', 'done', 'failed')),
+  requested_by text,
+  worker_id    text,
+  lease_until  timestamptz,
+  attempts     int NOT NULL DEFAULT 0,
+  error        text,
+  created_at   timestamptz NOT NULL DEFAULT now(),
+  started_at   timestamptz,
+  finished_at  timestamptz
+);
+-- At most one open request per adapter: a second ask while one is open is the same request.
+CREATE UNIQUE INDEX eval_request_open_idx ON train.eval_request (adapter_id)
+  WHERE status IN ('queued', 'running');
+
+ALTER TABLE train.eval_suite ENABLE ROW LEVEL SECURITY;
+CREATE POLICY tenant_isolation ON train.eval_suite TO cft_app
+  USING (tenant_id = auth.current_tenant_id()) WITH CHECK (tenant_id = auth.current_tenant_id());
+CREATE POLICY read_all ON train.eval_suite FOR SELECT TO cft_dashboard, cft_release USING (true);
+ALTER TABLE train.eval_case ENABLE ROW LEVEL SECURITY;
+CREATE POLICY tenant_isolation ON train.eval_case TO cft_app
+  USING (EXISTS (SELECT 1 FROM train.eval_suite s WHERE s.id = suite_id))
+  WITH CHECK (EXISTS (SELECT 1 FROM train.eval_suite s WHERE s.id = suite_id));
+CREATE POLICY read_all ON train.eval_case FOR SELECT TO cft_dashboard, cft_release USING (true);
+ALTER TABLE train.eval_request ENABLE ROW LEVEL SECURITY;
+CREATE POLICY tenant_isolation ON train.eval_request TO cft_app
+  USING (tenant_id = auth.current_tenant_id()) WITH CHECK (tenant_id = auth.current_tenant_id());
+CREATE POLICY read_all ON train.eval_request FOR SELECT TO cft_dashboard, cft_release USING (true);
+
+GRANT SELECT, INSERT, UPDATE, DELETE ON train.eval_suite, train.eval_case TO cft_app;
+GRANT SELECT, INSERT ON train.eval_request TO cft_app;
+GRANT SELECT ON train.eval_suite, train.eval_case, train.eval_request TO cft_release, cft_dashboard;
+
+-- Wake evaluators: a request, or an adapter becoming a candidate.
+CREATE OR REPLACE FUNCTION train.eval_notify() RETURNS trigger
+LANGUAGE plpgsql SET search_path = pg_catalog, public AS $$
+BEGIN
+  PERFORM pg_notify('cft_eval', NEW.adapter_id);
+  RETURN NULL;
+END
+$$;
+CREATE TRIGGER eval_request_notify AFTER INSERT ON train.eval_request
+  FOR EACH ROW EXECUTE FUNCTION train.eval_notify();
+
+CREATE OR REPLACE FUNCTION serve.adapter_candidate_notify() RETURNS trigger
+LANGUAGE plpgsql SET search_path = pg_catalog, public AS $$
+BEGIN
+  PERFORM pg_notify('cft_eval', NEW.id);
+  RETURN NULL;
+END
+$$;
+CREATE TRIGGER adapter_candidate_notify AFTER INSERT OR UPDATE OF status ON serve.adapter
+  FOR EACH ROW WHEN (NEW.status = 'candidate') EXECUTE FUNCTION serve.adapter_candidate_notify();
+
+-- An evaluator claims one request, first queueing one for every candidate never evaluated.
+-- A request whose worker died is reclaimed after its lease; after 3 attempts it fails.
+CREATE OR REPLACE FUNCTION train.claim_eval_request(p_worker text, p_lease interval)
+RETURNS SETOF train.eval_request LANGUAGE plpgsql AS $$
+BEGIN
+  INSERT INTO train.eval_request (tenant_id, adapter_id, requested_by)
+  SELECT a.tenant_id, a.id, 'evaluator: new candidate' FROM serve.adapter a
+   WHERE a.status = 'candidate' AND a.weights_uri IS NOT NULL
+     AND NOT EXISTS (SELECT 1 FROM train.eval_request r WHERE r.adapter_id = a.id)
+     AND NOT EXISTS (SELECT 1 FROM train.eval_result e WHERE e.adapter_id = a.id)
+  ON CONFLICT DO NOTHING;
+  UPDATE train.eval_request SET status = 'failed', finished_at = now(),
+         error = coalesce(error, 'lease expired ' || attempts || ' times')
+   WHERE status = 'running' AND lease_until < now() AND attempts >= 3;
+  RETURN QUERY
+  UPDATE train.eval_request SET status = 'running', worker_id = p_worker, attempts = attempts + 1,
+         lease_until = now() + p_lease, started_at = coalesce(started_at, now())
+   WHERE id = (SELECT id FROM train.eval_request
+                WHERE status = 'queued' OR (status = 'running' AND lease_until < now())
+                ORDER BY id LIMIT 1 FOR UPDATE SKIP LOCKED)
+  RETURNING *;
+END
+$$;

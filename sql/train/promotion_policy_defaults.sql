@@ -1,0 +1,5 @@
+-- The default global rule: on the held-out split of the candidate's own snapshot (evaluated for
+-- the candidate and for the current prod alike; see serve/can_promote.sql), the assistant-token
+-- loss may not be more than 2 % worse. Routes add task-suite rules of their own.
+INSERT INTO train.promotion_policy (route, suite_id, metric, direction, tolerance, required)
+VALUES (NULL, 'heldout:snapshot', 'loss', 'lower', 0.02, true);

@@ -1,0 +1,80 @@
+-- When each candidate view was last refreshed by train.refresh_dataset_candidates, and the
+-- snapshot of committed transactions that refresh saw (taken before it began).
+--
+-- A snapshot refreshes only the view its method reads (the KTO view alone took 7 s of the
+-- 10 s it took to refresh all three at 1M log rows). A marker in obs.deleted_log may then go
+-- only when every view has been refreshed since its change committed, which is what `seen`
+-- tells, view by view. NULL: not known (never refreshed since this table was made), so no
+-- marker counts as accounted for by that view yet.
+CREATE TABLE train.candidate_view_refresh (
+  view_name    text PRIMARY KEY,
+  refreshed_at timestamptz,
+  seen         pg_snapshot
+);
+INSERT INTO train.candidate_view_refresh (view_name)
+VALUES ('train.sft_candidate'), ('train.kto_candidate'), ('train.pair_candidate');
+COMMENT ON TABLE train.candidate_view_refresh IS
+  'Each candidate view''s last refresh (train.refresh_dataset_candidates) and the snapshot it saw.';
+
+-- Written by the SECURITY DEFINER refresh only; dashboards may read when each view was refreshed.
+REVOKE ALL ON train.candidate_view_refresh FROM PUBLIC;
+GRANT SELECT ON train.candidate_view_refresh TO cft_dashboard;
+
+-- Refresh the candidate views that the given methods read (all three when p_methods is NULL),
+-- CONCURRENTLY, in a fixed order (sft, kto, pair: two refreshes never wait on each other
+-- crosswise); record each refreshed view's refresh in train.candidate_view_refresh; then drop
+-- the markers of obs.deleted_log that every view has accounted for: the views refreshed now
+-- by their shared snapshot (taken before the first refresh) or because this very transaction
+-- made the change before refreshing (as train.refresh_dataset_candidates), the others by
+-- the snapshot their last refresh saw. A marker of a change committed meanwhile, or not yet
+-- seen by some view, stays. Returns the views refreshed.
+CREATE OR REPLACE FUNCTION train.refresh_dataset_candidates(p_methods text[] DEFAULT NULL)
+RETURNS text[]
+LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, public AS $$
+DECLARE
+  -- Taken before the refreshes, whose own snapshots see at least what this one sees.
+  v_seen  pg_snapshot := pg_current_snapshot();
+  v_all   text[] := ARRAY['train.sft_candidate', 'train.kto_candidate',
+                          'train.pair_candidate'];
+  v_want  text[];
+  v_views text[] := '{}';
+  v_view  text;
+  v_bad   text;
+BEGIN
+  IF p_methods IS NULL THEN
+    v_want := v_all;
+  ELSE
+    SELECT m INTO v_bad FROM unnest(p_methods) m
+     WHERE m IS NULL OR m NOT IN ('sft', 'kto', 'dpo', 'orpo', 'simpo') LIMIT 1;
+    IF FOUND THEN
+      RAISE EXCEPTION 'unknown method %: choose sft, kto, dpo, orpo or simpo',
+        coalesce(v_bad, 'NULL') USING ERRCODE = 'invalid_parameter_value';
+    END IF;
+    SELECT coalesce(array_agg(CASE m WHEN 'sft' THEN 'train.sft_candidate'
+                                     WHEN 'kto' THEN 'train.kto_candidate'
+                                     ELSE 'train.pair_candidate' END), '{}')
+      INTO v_want FROM unnest(p_methods) m;  -- no methods: no view
+  END IF;
+  FOREACH v_view IN ARRAY v_all LOOP
+    CONTINUE WHEN NOT v_view = ANY (v_want);
+    EXECUTE format('REFRESH MATERIALIZED VIEW CONCURRENTLY %s', v_view);
+    v_views := v_views || v_view;
+  END LOOP;
+
+  UPDATE train.candidate_view_refresh
+     SET refreshed_at = clock_timestamp(), seen = v_seen
+   WHERE view_name = ANY (v_views);
+
+  DELETE FROM obs.deleted_log d
+   WHERE NOT EXISTS (
+     SELECT 1 FROM train.candidate_view_refresh r
+      WHERE NOT coalesce(CASE WHEN r.view_name = ANY (v_views)
+                              THEN pg_visible_in_snapshot(d.xid, v_seen)
+                                   OR d.xid = pg_current_xact_id_if_assigned()
+                              ELSE pg_visible_in_snapshot(d.xid, r.seen) END, false));
+  RETURN v_views;
+END
+$$;
+
+REVOKE ALL ON FUNCTION train.refresh_dataset_candidates(text[]) FROM PUBLIC;
+GRANT EXECUTE ON FUNCTION train.refresh_dataset_candidates(text[]) TO cft_app;
