@@ -21,6 +21,7 @@ from app.experiments import router as experiments_router
 from app.gateway import fastpath
 from app.gateway import router as gateway_router
 from app.gateway import service as gateway
+from app.gateway.service import ReconcilerFactory
 from app.logs import router as logs_router
 from app.privacy import router as privacy_router
 from app.routes import router as routes_router
@@ -32,8 +33,14 @@ def create_app(
     *,
     db_url: str | None = None,
     engine_urls: list[str] | None = None,
+    reconciler: ReconcilerFactory | None = None,
 ) -> FastAPI:
-    """Build the application; the pool (and the router, given engines) start with it."""
+    """Build the application; the pool (and the router, given engines) start with it.
+
+    reconciler: what runs beside the router to load adapters into its engines; the API
+    process passes workers.reconciler's (workers/api.py). Without one, adapters are loaded by
+    a `cft worker reconcile` elsewhere.
+    """
     settings = settings or get_settings()
     engines = engine_urls if engine_urls is not None else settings.engine_url_list
 
@@ -46,7 +53,11 @@ def create_app(
         app.state.router = None
         if engines:
             app.state.router = gateway.start(
-                settings, db_url=url, pool=app.state.pool, engine_urls=engines
+                settings,
+                db_url=url,
+                pool=app.state.pool,
+                engine_urls=engines,
+                reconciler=reconciler,
             )
         try:
             yield

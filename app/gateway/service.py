@@ -1,4 +1,8 @@
-"""The router's runtime: route table, engine pool and log writer, started with the app."""
+"""The router's runtime: route table, engine pool and log writer, started with the app.
+
+The reconciler (which loads adapters into the engines) is a process of its own in `workers/`;
+the process that starts the API passes a ReconcilerFactory to run one beside the router.
+"""
 
 from __future__ import annotations
 
@@ -10,16 +14,15 @@ from collections import defaultdict
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from functools import lru_cache
-from typing import Any
+from typing import Any, Protocol
 
 from app.core.auth import ApiKey, hash_key
 from app.core.config import Settings
 from app.core.db import Pool, as_tenant
 from app.core.metrics import LOG_QUEUE_DEPTH
 from app.core.pseudonym import user_hash, user_secret
-from app.gateway.engines import EnginePool
+from app.gateway.engines import EnginePool, EngineState
 from app.gateway.logwriter import LogWriter, WriteBatch
-from app.gateway.reconciler import Reconciler
 from app.gateway.table import RouteTable
 from app.logs import service as logs
 
@@ -30,6 +33,23 @@ USER_CACHE = 100_000
 # reconciler are threads; with CPython's default (5 ms) the event loop waits up to 5 ms for the
 # GIL whenever a call arrives while the log writer encodes a batch. 0.5 ms bounds that wait.
 SWITCH_INTERVAL = 0.0005
+
+
+class Reconciler(Protocol):
+    """What the router needs of a reconciler running beside it (workers/reconciler)."""
+
+    def start(self) -> None:
+        """Run passes in the background until stop()."""
+
+    def kick(self) -> None:
+        """Ask for a pass now (a route changed, or an engine answered 404 for an adapter)."""
+
+    def stop(self) -> None:
+        """Stop the passes (blocking: call it off the event loop)."""
+
+
+# (database URL, the router's engines, settings) -> a reconciler, not yet started.
+ReconcilerFactory = Callable[[str, list[EngineState], Settings], Reconciler]
 
 
 @dataclass
@@ -132,22 +152,27 @@ def write_batch_for(pool: Pool, settings: Settings) -> WriteBatch:
     return write
 
 
-def start(settings: Settings, *, db_url: str, pool: Pool, engine_urls: list[str]) -> RouterRuntime:
-    """Start the route listener and the log writer (call inside the running event loop)."""
+def start(
+    settings: Settings,
+    *,
+    db_url: str,
+    pool: Pool,
+    engine_urls: list[str],
+    reconciler: ReconcilerFactory | None = None,
+) -> RouterRuntime:
+    """Start the route listener, the reconciler (given one) and the log writer (call inside
+    the running event loop)."""
     engines = EnginePool(engine_urls, timeout=settings.engine_timeout)
-    reconciler = Reconciler(
-        db_url,
-        engines.engines,
-        serving_dir=settings.serving_path,
-        settings=settings,
-        interval=settings.reconcile_interval,
-    )
+    running = reconciler(db_url, engines.engines, settings) if reconciler else None
     # A change of a route is also a reason to reconcile (a new canary must be loaded).
     table = RouteTable(
-        db_url, ttl=settings.route_cache_ttl, on_change=lambda _route: reconciler.kick()
+        db_url,
+        ttl=settings.route_cache_ttl,
+        on_change=(lambda _route: running.kick()) if running else None,
     )
     table.start()
-    reconciler.start()
+    if running is not None:
+        running.start()
     writer = LogWriter(write_batch_for(pool, settings))
     writer.start()
     LOG_QUEUE_DEPTH.set_function(lambda: writer.pending)
@@ -156,7 +181,7 @@ def start(settings: Settings, *, db_url: str, pool: Pool, engine_urls: list[str]
         engines,
         writer,
         user_secret(settings),
-        reconciler=reconciler,
+        reconciler=running,
         key_ttl=settings.router_key_cache_ttl,
         switch_interval=sys.getswitchinterval(),
     )

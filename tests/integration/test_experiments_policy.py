@@ -113,7 +113,7 @@ def test_no_effect_holds_and_disabled_policy_does_nothing(conn: Any) -> None:
 
 
 def test_worker_pass_applies_enabled_policies(db_url: str, conn: Any) -> None:
-    from app.experiments.worker import run_once
+    from workers.experiments.worker import run_once
 
     w = _world(conn, p_canary=0.6, evals=True)
     assert run_once(db_url) == 1

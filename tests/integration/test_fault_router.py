@@ -23,7 +23,6 @@ import psycopg
 import pytest
 from psycopg.rows import dict_row
 
-from app.main import create_app
 from tests.integration.test_reconciler import (
     World,
     deployment,
@@ -33,6 +32,7 @@ from tests.integration.test_reconciler import (
 )
 from tests.integration.test_router_gateway import random_adapter
 from tests.support.servers import free_port, serve_app
+from workers.api import create_app
 
 pytestmark = pytest.mark.slow
 ROOT = Path(__file__).resolve().parents[2]

@@ -16,11 +16,11 @@ from psycopg.rows import dict_row
 from app.core.artefacts import WEIGHTS_FILE, LocalStore
 from app.core.auth import create_key
 from app.core.config import get_settings
-from app.main import create_app
 from tests.integration.test_router_gateway import random_adapter
 from tests.support.factories import make_adapter, make_route, make_tenant
 from tests.support.servers import free_port, serve_app
 from workers import base_model
+from workers.api import create_app
 from workers.engine.core import Engine
 from workers.engine.server import create_app as create_engine_app
 

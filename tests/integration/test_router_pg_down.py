@@ -14,11 +14,11 @@ from psycopg.rows import dict_row
 from app.core import embedded
 from app.core.auth import create_key
 from app.core.config import get_settings
-from app.main import create_app
 from tests.support.db import TEST_TUNING, dedicated_server
 from tests.support.factories import make_route, make_tenant
 from tests.support.servers import serve_app
 from workers import base_model
+from workers.api import create_app
 from workers.engine.core import Engine
 from workers.engine.server import create_app as create_engine_app
 

@@ -1,4 +1,5 @@
-"""`cft worker experiments`: apply the live-traffic promotion policy of every enabled route."""
+"""`cft worker experiments` (or `python -m workers.experiments`): apply the live-traffic
+promotion policy of every enabled route."""
 
 from __future__ import annotations
 
@@ -47,3 +48,10 @@ def run(args: argparse.Namespace) -> int:
         if args.once:
             return 0
         time.sleep(args.interval)
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Entry point of `python -m workers.experiments`."""
+    parser = argparse.ArgumentParser(prog="python -m workers.experiments", description=__doc__)
+    add_arguments(parser)
+    return run(parser.parse_args(argv))

@@ -10,17 +10,14 @@ before unloads, so a promoted adapter is ready before the old one goes. Outcomes
 serve.adapter_deployment (one row per adapter and engine), the log and the metrics.
 
 Passes run on NOTIFY cft_adapter, when the gateway asks (an engine said 404), and every
-`interval` seconds. It runs inside the router (a thread of RouterRuntime) or standalone as
-`cft worker reconcile`.
+`interval` seconds. It runs inside the API process (a thread, started with the router runtime:
+see workers/api.py) or standalone as `cft worker reconcile` (workers/reconciler/cli.py).
 """
 
 from __future__ import annotations
 
-import argparse
-import contextlib
 import logging
 import shutil
-import signal
 import tempfile
 import threading
 import time
@@ -33,12 +30,12 @@ from psycopg.rows import dict_row
 
 from app.core import artefacts
 from app.core.config import Settings, get_settings
-from app.core.db import Connection, database_url
+from app.core.db import Connection
 from app.core.metrics import COLD_STARTS, RECONCILER_ERRORS, ROUTER_ACTIVE_ADAPTERS
 from app.gateway.engines import EngineState, model_ids
 from app.gateway.table import CHANNEL
 
-log = logging.getLogger("cft.gateway.reconciler")
+log = logging.getLogger("cft.reconciler")
 
 # A refused artefact (sha256 mismatch, fetch failure) is retried after this many seconds.
 RETRY_FAILED_AFTER = 60.0
@@ -325,42 +322,12 @@ class Reconciler:
                 backoff = min(backoff * 2, 10.0)
 
 
-def add_arguments(parser: argparse.ArgumentParser) -> None:
-    """Options of `cft worker reconcile`."""
-    parser.add_argument(
-        "--engine", action="append", default=None, help="engine base URL (default CFT_ENGINE_URLS)"
-    )
-    parser.add_argument("--once", action="store_true", help="one pass, then exit")
-    parser.add_argument("--interval", type=float, default=None, help="seconds between passes")
-
-
-def run(args: argparse.Namespace) -> int:
-    """Entry point of `cft worker reconcile`."""
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
-    settings = get_settings()
-    urls: list[str] = args.engine or settings.engine_url_list
-    if not urls:
-        print("no engines: pass --engine URL or set CFT_ENGINE_URLS")
-        return 2
-    rec = Reconciler(
-        database_url(settings),
-        [EngineState(u.rstrip("/")) for u in urls],
+def in_router(db_url: str, engines: list[EngineState], settings: Settings) -> Reconciler:
+    """The reconciler the API process runs beside its router (an app.gateway ReconcilerFactory)."""
+    return Reconciler(
+        db_url,
+        engines,
         serving_dir=settings.serving_path,
         settings=settings,
-        interval=args.interval or settings.reconcile_interval,
+        interval=settings.reconcile_interval,
     )
-    if args.once:
-        report = rec.run_once()
-        for what, items in (("loaded", report.loaded), ("unloaded", report.unloaded)):
-            for adapter_id, url in items:
-                print(f"{what} {adapter_id} on {url}")
-        for adapter_id, url, why in report.failed:
-            print(f"FAILED {adapter_id} on {url}: {why}")
-        rec.client.close()
-        return 1 if report.failed or report.engines_down else 0
-
-    signal.signal(signal.SIGTERM, lambda *_: rec.request_stop())
-    with contextlib.suppress(KeyboardInterrupt):
-        rec.run_forever()
-    rec.client.close()
-    return 0

@@ -1,0 +1,1 @@
+"""The experiments worker: each enabled route's live-traffic promotion policy, applied."""
