@@ -353,7 +353,8 @@ def run_cft(
 ) -> dict[str, Any]:
     """One candidate through the worker's code path: Hyperparameters -> train_adapter."""
     from app.training.methods import Hyperparameters
-    from workers.trainer.train import BaseCache, train_adapter
+    from workers.trainer.base_cache import BaseCache
+    from workers.trainer.train import train_adapter
 
     hp = Hyperparameters(**{"max_steps": steps, "seed": 0, **params})
     work = Path(tempfile.mkdtemp(prefix=f"cft-{method}-"))

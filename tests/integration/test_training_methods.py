@@ -23,13 +23,9 @@ from app.training.methods import Hyperparameters
 from tests.support.servers import free_port
 from tests.support.training import examples, make_run, setup_route
 from workers import base_model as bm
-from workers.trainer.train import (
-    BaseCache,
-    _check_rows,
-    _has_adapter_layers,
-    base_fingerprint,
-    build_trainer,
-)
+from workers.trainer.base_cache import BaseCache, base_fingerprint, has_adapter_layers
+from workers.trainer.data import check_rows
+from workers.trainer.trl_factory import build_trainer
 from workers.trainer.worker import Worker, WorkerConfig
 
 pytestmark = pytest.mark.slow
@@ -67,7 +63,7 @@ def bases(models_dir: Path) -> BaseCache:
 def _assert_base_pristine(bases: BaseCache) -> None:
     base = bases.current
     assert base is not None and bases.loads == 1, "the NF4 base was loaded more than once"
-    assert not _has_adapter_layers(base.model)
+    assert not has_adapter_layers(base.model)
     assert base_fingerprint(base.model) == base.fingerprint
 
 
@@ -169,7 +165,7 @@ def test_sft_loss_covers_only_the_answer(tmp_path, bases) -> None:  # type: igno
         *examples("sft", 1),
     ]
     hp = Hyperparameters(max_steps=1, max_length=96, batch_size=2, grad_accum=1)
-    train_rows = _check_rows("sft", rows, "train")
+    train_rows = check_rows("sft", rows, "train")
     assert train_rows[0]["completion"] == [rows[0]["messages"][-1]]
     base = bases.current
     with build_trainer("sft", train_rows, [], tmp_path, hp, base) as trainer:

@@ -9,15 +9,9 @@ import pytest
 from pydantic import ValidationError
 
 from app.training.methods import Hyperparameters
-from workers.trainer.train import (
-    MIN_PACK_LENGTH,
-    TrainingDataError,
-    _check_rows,
-    _restore_dtypes,
-    _speed_setup,
-    base_fingerprint,
-    resolve_hyperparameters,
-)
+from workers.trainer.base_cache import base_fingerprint, restore_dtypes
+from workers.trainer.data import TrainingDataError, check_rows
+from workers.trainer.plan import MIN_PACK_LENGTH, resolve_hyperparameters, speed_setup
 
 
 def test_runbook_defaults_and_non_reentrant_checkpointing() -> None:
@@ -44,13 +38,13 @@ def test_speed_settings_are_validated_per_method() -> None:
 
 
 def test_speed_defaults_per_device(caplog: pytest.LogCaptureFixture) -> None:
-    cpu = _speed_setup("sft", Hyperparameters(), cuda=False)
+    cpu = speed_setup("sft", Hyperparameters(), cuda=False)
     assert (cpu.packing, cpu.padding_free, cpu.liger) == (False, False, False)
-    gpu = _speed_setup("sft", Hyperparameters(), cuda=True)
+    gpu = speed_setup("sft", Hyperparameters(), cuda=True)
     assert (gpu.packing, gpu.padding_free) == (True, True)
-    assert _speed_setup("dpo", Hyperparameters(), cuda=True).packing is False
+    assert speed_setup("dpo", Hyperparameters(), cuda=True).packing is False
     with caplog.at_level(logging.WARNING):
-        forced = _speed_setup("sft", Hyperparameters(use_liger_kernel=True), cuda=False)
+        forced = speed_setup("sft", Hyperparameters(use_liger_kernel=True), cuda=False)
     assert forced.liger is False and "need CUDA" in caplog.text
 
 
@@ -61,10 +55,10 @@ def test_sft_chats_become_prompt_completion_pairs() -> None:
         {"role": "user", "content": "2+2?"},
         {"role": "assistant", "content": "4"},
     ]
-    (row,) = _check_rows("sft", [{"messages": chat}], "train")
+    (row,) = check_rows("sft", [{"messages": chat}], "train")
     assert row == {"prompt": chat[:3], "completion": chat[3:]}
     with pytest.raises(TrainingDataError, match="last message must be the assistant's"):
-        _check_rows("sft", [{"messages": chat[:3]}], "train")
+        check_rows("sft", [{"messages": chat[:3]}], "train")
 
 
 def _tokenizer():  # type: ignore[no-untyped-def]
@@ -92,7 +86,7 @@ def _sft_rows(lengths: list[int]) -> list[dict[str, object]]:
         }
         for n in lengths
     ]
-    return _check_rows("sft", chats, "train")
+    return check_rows("sft", chats, "train")
 
 
 def test_packed_rows_follow_the_longest_example_and_keep_the_step_size() -> None:
@@ -168,5 +162,5 @@ def test_a_trainer_upcast_is_undone_bit_exactly() -> None:
     for p in model.parameters():  # what prepare_model_for_kbit_training does (ORPO, CPO)
         p.data = p.data.to(torch.float32)
     assert base_fingerprint(model) != before
-    _restore_dtypes(model, dtypes)
+    restore_dtypes(model, dtypes)
     assert base_fingerprint(model) == before

@@ -31,13 +31,9 @@ from app.adapters import service as adapters
 from app.core.artefacts import ArtefactError, ArtefactExists, LocalStore, S3Store, describe
 from app.core.errors import NotFound
 from app.training.methods import Hyperparameters
-from workers.trainer.train import (
-    BaseCache,
-    Progress,
-    TrainingCancelled,
-    TrainingDataError,
-    train_adapter,
-)
+from workers.trainer.base_cache import BaseCache
+from workers.trainer.data import TrainingDataError
+from workers.trainer.train import Progress, TrainingCancelled, train_adapter
 
 log = logging.getLogger(__name__)
 
@@ -60,7 +56,7 @@ class WorkerConfig:
     heartbeat_s: float = 0.0  # 0: a third of the lease
     poll_s: float = 5.0
     work_dir: Path | None = None
-    # Where the NF4 base stays loaded between runs; None: the process-wide cache (train.BASES).
+    # Where the NF4 base stays loaded between runs; None: the process-wide cache (base_cache.BASES).
     bases: BaseCache | None = None
 
     def __post_init__(self) -> None:

@@ -1,0 +1,176 @@
+"""TRL configs and trainers per method, each with a fresh LoRA around the shared base.
+
+SFT, DPO and KTO use TRL's SFTTrainer, DPOTrainer and KTOTrainer; ORPO and SimPO its
+experimental ORPOTrainer and CPOTrainer (loss_type="simpo"). DPO and KTO get `ref_model=None`:
+with a PEFT model TRL uses the adapter-disabled base as the reference, so no second copy of the
+base is held.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+from app.training.methods import Hyperparameters
+from workers.trainer.base_cache import LoadedBase, checkpointing_off
+from workers.trainer.plan import device_setup, speed_setup
+
+log = logging.getLogger(__name__)
+
+
+def trl_config(method: str, hp: Hyperparameters, out_dir: Path, has_eval: bool) -> Any:
+    """The TRL config of the method's trainer for one run."""
+    cuda, optim, checkpointing = device_setup(hp)
+    speed = speed_setup(method, hp, cuda)
+    common: dict[str, Any] = {
+        "output_dir": str(out_dir / ".checkpoints"),
+        "per_device_train_batch_size": hp.batch_size,
+        "per_device_eval_batch_size": hp.batch_size,
+        "gradient_accumulation_steps": hp.grad_accum,
+        "gradient_checkpointing": checkpointing,
+        "gradient_checkpointing_kwargs": dict(hp.gradient_checkpointing_kwargs),
+        "use_liger_kernel": speed.liger,
+        "optim": optim,
+        "learning_rate": hp.learning_rate,
+        "lr_scheduler_type": hp.lr_scheduler,
+        # transformers 5 dropped warmup_ratio: a float below 1 here is a ratio.
+        "warmup_steps": hp.warmup,
+        "num_train_epochs": hp.epochs,
+        "max_steps": hp.max_steps,
+        "weight_decay": hp.weight_decay,
+        "max_grad_norm": hp.max_grad_norm,
+        "bf16": cuda,
+        "seed": hp.seed,
+        "data_seed": hp.seed,
+        "logging_steps": 1,
+        "save_strategy": "no",
+        "eval_strategy": "no",
+        "report_to": "none",
+        "disable_tqdm": True,
+        "max_length": hp.max_length,
+        "dataloader_num_workers": 0,
+        "dataloader_pin_memory": cuda,
+        "include_num_input_tokens_seen": "non_padding",
+        "remove_unused_columns": False,
+    }
+    if method == "sft":
+        from trl.trainer.sft_config import SFTConfig
+
+        # Prompt-completion rows: completion_only_loss=True masks the prompt out of the loss.
+        return SFTConfig(
+            **common,
+            assistant_only_loss=False,
+            completion_only_loss=True,
+            packing=speed.packing,
+            packing_strategy="bfd",
+            padding_free=speed.padding_free,
+            activation_offloading=speed.offload,
+        )
+    reference: dict[str, Any] = {
+        "activation_offloading": speed.offload,
+        "precompute_ref_log_probs": speed.precompute,
+        "precompute_ref_batch_size": hp.precompute_ref_batch_size,
+    }
+    if method == "dpo":
+        from trl.trainer.dpo_config import DPOConfig
+
+        return DPOConfig(**common, **reference, beta=hp.beta)
+    if method == "kto":
+        from trl.trainer.kto_config import KTOConfig
+
+        return KTOConfig(**common, **reference, beta=hp.beta)
+    os.environ.setdefault("TRL_EXPERIMENTAL_SILENCE", "1")
+    if method == "orpo":
+        from trl.experimental.orpo import ORPOConfig
+
+        return ORPOConfig(**common, beta=hp.beta)
+    from trl.experimental.cpo import CPOConfig
+
+    return CPOConfig(
+        **common, beta=hp.beta, loss_type="simpo", cpo_alpha=0.0, simpo_gamma=hp.simpo_gamma
+    )
+
+
+def trainer_class(method: str) -> Any:
+    """The TRL trainer class of the method (SimPO: CPOTrainer)."""
+    if method == "sft":
+        from trl.trainer.sft_trainer import SFTTrainer
+
+        return SFTTrainer
+    if method == "dpo":
+        from trl.trainer.dpo_trainer import DPOTrainer
+
+        return DPOTrainer
+    if method == "kto":
+        from trl.trainer.kto_trainer import KTOTrainer
+
+        return KTOTrainer
+    os.environ.setdefault("TRL_EXPERIMENTAL_SILENCE", "1")
+    if method == "orpo":
+        from trl.experimental.orpo import ORPOTrainer
+
+        return ORPOTrainer
+    from trl.experimental.cpo import CPOTrainer
+
+    return CPOTrainer
+
+
+@contextmanager
+def build_trainer(
+    method: str,
+    train_rows: list[dict[str, Any]],
+    eval_rows: list[dict[str, Any]],
+    out_dir: Path,
+    hp: Hyperparameters,
+    base: LoadedBase,
+    callbacks: list[Any] | None = None,
+) -> Iterator[Any]:
+    """A TRL trainer with a fresh LoRA around the shared base; the LoRA is unloaded on exit."""
+    from datasets import Dataset
+    from peft import LoraConfig
+
+    _, _, checkpointing = device_setup(hp)
+    model = base.model
+    if not checkpointing:
+        checkpointing_off(model)  # a previous run on this base may have turned it on
+    lora = LoraConfig(
+        r=hp.rank,
+        lora_alpha=hp.alpha,
+        lora_dropout=hp.dropout,
+        bias="none",
+        task_type="CAUSAL_LM",
+        target_modules=list(hp.target_modules),
+    )
+    config = trl_config(method, hp, out_dir, bool(eval_rows))
+    kwargs: dict[str, Any] = {
+        "model": model,
+        "args": config,
+        "train_dataset": Dataset.from_list(train_rows),
+        "eval_dataset": Dataset.from_list(eval_rows) if eval_rows else None,
+        "processing_class": base.tokenizer,
+        "peft_config": lora,
+        "callbacks": callbacks or [],
+    }
+    if method in ("dpo", "kto"):
+        kwargs["ref_model"] = None  # the adapter-disabled model is the reference
+    trainer = None
+    try:
+        trainer = trainer_class(method)(**kwargs)
+        yield trainer
+    finally:
+        _unwrap(trainer.model if trainer is not None else None, base)
+
+
+def _unwrap(peft_model: Any, base: LoadedBase) -> None:
+    """Remove this run's LoRA layers from the shared base (PEFT unload, no merge)."""
+    if peft_model is not None and hasattr(peft_model, "unload"):
+        restored = peft_model.unload()
+        if restored is not base.model:
+            log.warning("PEFT unload returned another module than the shared base")
+    for attr in ("peft_config", "_hf_peft_config_loaded"):
+        if attr in vars(base.model):
+            delattr(base.model, attr)
