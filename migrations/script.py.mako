@@ -22,8 +22,8 @@ DOWNGRADE_SQL = """
 
 
 def upgrade() -> None:
-    op.execute(UPGRADE_SQL)
+    op.get_bind().connection.driver_connection.execute(UPGRADE_SQL)
 
 
 def downgrade() -> None:
-    op.execute(DOWNGRADE_SQL)
+    op.get_bind().connection.driver_connection.execute(DOWNGRADE_SQL)

@@ -131,11 +131,14 @@ class EvalResultsIn(BaseModel):
 
 
 class PolicyRule(BaseModel):
-    """One metric the gate compares."""
+    """One metric the gate compares (or, with direction "ignore", leaves out)."""
 
     suite_id: str = Field(min_length=1, max_length=200)
     metric: str = Field(min_length=1, max_length=200)
-    direction: Literal["higher", "lower"]
+    direction: Literal["higher", "lower", "ignore"] = Field(
+        description="Which way is better; 'ignore': not compared (a suite/metric no rule names"
+        " is compared by the default rule: higher is better, 2 % tolerance)."
+    )
     tolerance: float = Field(0.02, ge=0, lt=1, description="Relative to |current score|.")
     required: bool = True
 

@@ -2,7 +2,10 @@
 -- Fails closed: anything missing, failed (NULL/NaN/infinite) or incomparable is a blocker.
 -- What is compared comes from train.promotion_policy (a route's row overrides the global one for
 -- the same suite and metric): direction says which way is better, tolerance is relative to
--- |current score| (so a current score of 0 allows no regression at all).
+-- |current score| (so a current score of 0 allows no regression at all). A result on a suite and
+-- metric that no rule names is compared by the default rule (higher is better, 2 % tolerance,
+-- not required) unless a rule says direction 'ignore'. The gate never passes on nothing: with a
+-- current prod, at least one metric must have been compared (both scores finite, same judge).
 --
 -- Runs as the caller: a caller sees only the adapters, results and policies its role may read, and
 -- anything hidden from it counts as missing, which can only make the answer stricter.
@@ -68,23 +71,30 @@ BEGIN
     RETURN QUERY SELECT NULL::text, NULL::text, NULL::text, NULL::numeric, NULL::numeric,
       NULL::numeric, 'candidate has no eval results';
   END IF;
-  IF NOT EXISTS (SELECT 1 FROM train.promotion_policy pp
-                  WHERE pp.route = c.route OR pp.route IS NULL) THEN
-    RETURN QUERY SELECT NULL::text, NULL::text, NULL::text, NULL::numeric, NULL::numeric,
-      NULL::numeric, format('no promotion policy applies to route %s (train.promotion_policy)', c.route);
-  END IF;
 
   RETURN QUERY
-  WITH pol AS (
-    SELECT q.metric, q.direction, q.tolerance, q.required,
+  WITH ruled AS (
+    SELECT DISTINCT ON (pp.suite_id, pp.metric)
+           pp.suite_id, pp.metric, pp.direction, pp.tolerance, pp.required
+      FROM train.promotion_policy pp
+     WHERE pp.route = c.route OR pp.route IS NULL
+     ORDER BY pp.suite_id, pp.metric, pp.route NULLS LAST
+  ), pol AS (
+    SELECT q.metric, q.direction, q.tolerance, q.required, false AS by_default,
            CASE WHEN q.suite_id = 'heldout:snapshot' THEN 'heldout:' || c.dataset_snapshot_id::text
                 ELSE q.suite_id END AS suite_id
-      FROM (SELECT DISTINCT ON (pp.suite_id, pp.metric)
-                   pp.suite_id, pp.metric, pp.direction, pp.tolerance, pp.required
-              FROM train.promotion_policy pp
-             WHERE pp.route = c.route OR pp.route IS NULL
-             ORDER BY pp.suite_id, pp.metric, pp.route NULLS LAST) q
-     WHERE NOT (q.suite_id = 'heldout:snapshot' AND c.dataset_snapshot_id IS NULL)
+      FROM ruled q
+     WHERE q.direction <> 'ignore'
+       AND NOT (q.suite_id = 'heldout:snapshot' AND c.dataset_snapshot_id IS NULL)
+    UNION ALL
+    -- The candidate's results that no rule names: the default rule.
+    SELECT r.metric, 'higher', 0.02, false, true, r.suite_id
+      FROM train.eval_result r
+     WHERE r.adapter_id = c.id
+       AND NOT EXISTS (SELECT 1 FROM ruled q
+                        WHERE q.metric = r.metric
+                          AND (q.suite_id = r.suite_id
+                               OR (q.suite_id = 'heldout:snapshot' AND r.suite_id LIKE 'heldout:%')))
   ), cmp AS (
     SELECT pol.*,
            cr.adapter_id IS NOT NULL AS c_has, cr.score AS cs, cr.judge_model AS cj,
@@ -122,7 +132,8 @@ BEGIN
           THEN format('judged by different models (%s vs %s): not comparable',
                       coalesce(cj, 'none'), coalesce(pj, 'none'))
         WHEN direction = 'higher' AND cs < thr
-          THEN format('regression: %s < %s (higher is better, tolerance %s)', cs, thr, tolerance)
+          THEN format('regression: %s < %s (higher is better, tolerance %s%s)', cs, thr, tolerance,
+                      CASE WHEN by_default THEN '; default rule: no policy names this metric' ELSE '' END)
         WHEN direction = 'lower' AND cs > thr
           THEN format('regression: %s > %s (lower is better, tolerance %s)', cs, thr, tolerance)
       END AS why
@@ -130,7 +141,14 @@ BEGIN
   )
   SELECT v.suite_id, v.metric, v.direction, v.cs, v.ps, v.thr, v.why
     FROM verdict v WHERE v.why IS NOT NULL
-   ORDER BY v.suite_id, v.metric;
+  UNION ALL
+  SELECT NULL, NULL, NULL, NULL, NULL, NULL,
+         format('nothing compared: no metric of %s was compared with the current prod %s'
+                ' (evaluate both on a common suite)', c.id, v_cur)
+   WHERE v_cur IS NOT NULL
+     AND NOT EXISTS (SELECT 1 FROM verdict v
+                      WHERE v.c_ok AND v.p_ok AND v.cj IS NOT DISTINCT FROM v.pj)
+   ORDER BY 1, 2;
 END
 $$;
 COMMENT ON FUNCTION serve.promotion_blockers(text, text) IS

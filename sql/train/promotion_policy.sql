@@ -1,11 +1,13 @@
--- Which metrics the gate requires, in which direction and with which tolerance.
--- route NULL = every route; a route's own row overrides the global one for the same metric.
+-- Which metrics the gate compares, in which direction and with which tolerance, and which it
+-- requires. route NULL = every route; a route's own row overrides the global one for the same
+-- metric. direction 'ignore': the gate does not compare that suite's metric (a result on a
+-- suite/metric no row names is compared by the default rule: higher is better, 2 %).
 CREATE TABLE train.promotion_policy (
   id         int GENERATED ALWAYS AS IDENTITY PRIMARY KEY,
   route      text REFERENCES serve.route(name) ON DELETE CASCADE,
   suite_id   text NOT NULL,
   metric     text NOT NULL,
-  direction  text NOT NULL CHECK (direction IN ('higher', 'lower')),
+  direction  text NOT NULL CHECK (direction IN ('higher', 'lower', 'ignore')),
   tolerance  numeric NOT NULL DEFAULT 0.02 CHECK (tolerance >= 0 AND tolerance < 1),
   required   boolean NOT NULL DEFAULT true,
   created_at timestamptz NOT NULL DEFAULT now()

@@ -3,3 +3,9 @@
 -- loss may not be more than 2 % worse. Routes add task-suite rules of their own.
 INSERT INTO train.promotion_policy (route, suite_id, metric, direction, tolerance, required)
 VALUES (NULL, 'heldout:snapshot', 'loss', 'lower', 0.02, true);
+-- The held-out split's other metrics, in their own direction (the default rule, higher is
+-- better, would read a lower perplexity as a regression); compared, not required.
+INSERT INTO train.promotion_policy (route, suite_id, metric, direction, tolerance, required)
+VALUES (NULL, 'heldout:snapshot', 'perplexity', 'lower', 0.02, false),
+       (NULL, 'heldout:snapshot', 'preference_accuracy', 'higher', 0.02, false),
+       (NULL, 'heldout:snapshot', 'reward_margin', 'higher', 0.02, false);

@@ -88,7 +88,66 @@ def test_missing_required_metric_is_refused(conn, world):
 def test_results_only_for_a_non_required_suite_are_refused(conn, world):
     result(conn, world["cand"], "vibes", "score", 0.99)
     assert can(conn, world["cand"], world["prod"]) is False
-    assert len(reasons(conn, world["cand"], world["prod"])) == 2
+    why = reasons(conn, world["cand"], world["prod"])
+    assert len(why) == 3 and sum("required" in w for w in why) == 2
+    assert any(w.startswith("nothing compared") for w in why)
+
+
+@pytest.fixture
+def bare(conn):
+    """A route with a prod and a candidate and no policy at all (the global rules removed)."""
+    conn.execute("DELETE FROM train.promotion_policy WHERE route IS NULL")
+    t = make_tenant(conn)
+    r = make_route(conn, tenant_id=t["id"])
+    prod = make_adapter(conn, route=r, status="prod", traffic_pct=100)
+    cand = make_adapter(conn, route=r)
+    return {"route": r, "prod": prod["id"], "cand": cand["id"]}
+
+
+def test_unpolicied_suite_is_compared_by_the_default_rule(conn, bare):
+    # The issue's case: results far worse than the prod's, on a suite no rule names.
+    result(conn, bare["prod"], "house-style", "pass_rate", 0.90)
+    result(conn, bare["cand"], "house-style", "pass_rate", 0.10)
+    rows = conn.execute(
+        "SELECT * FROM serve.promotion_blockers(%s, %s)", (bare["cand"], bare["prod"])
+    ).fetchall()
+    assert [(r["suite_id"], r["metric"], r["direction"]) for r in rows] == [
+        ("house-style", "pass_rate", "higher")
+    ]
+    assert "default rule" in rows[0]["reason"] and float(rows[0]["threshold"]) == 0.882
+    with pytest.raises(psycopg.errors.CheckViolation, match="default rule"):
+        promote(conn, bare["cand"])
+    # Within the default 2 %: compared and passed.
+    conn.execute("UPDATE train.eval_result SET score = 0.89 WHERE adapter_id = %s", (bare["cand"],))
+    assert can(conn, bare["cand"], bare["prod"]) is True
+    promote(conn, bare["cand"])
+    assert prods(conn, bare["route"]["name"]) == [bare["cand"]]
+
+
+def test_gate_refuses_when_nothing_was_compared(conn, bare):
+    # The prod was never scored on the candidate's suite: nothing is compared.
+    result(conn, bare["cand"], "house-style", "pass_rate", 0.99)
+    assert reasons(conn, bare["cand"], bare["prod"]) == [
+        f"nothing compared: no metric of {bare['cand']} was compared with the current prod"
+        f" {bare['prod']} (evaluate both on a common suite)"
+    ]
+    with pytest.raises(psycopg.errors.CheckViolation, match="nothing compared"):
+        promote(conn, bare["cand"])
+    # A suite the policy says to ignore is not compared either.
+    result(conn, bare["prod"], "house-style", "pass_rate", 0.50)
+    assert can(conn, bare["cand"], bare["prod"]) is True
+    policy(conn, bare["route"]["name"], "house-style", "pass_rate", "ignore", required=False)
+    assert [w[:16] for w in reasons(conn, bare["cand"], bare["prod"])] == ["nothing compared"]
+
+
+def test_first_adapter_of_a_route_needs_results_but_no_comparison(conn, bare):
+    conn.execute(
+        "UPDATE serve.adapter SET status = 'retired', traffic_pct = 0 WHERE id = %s",
+        (bare["prod"],),
+    )
+    assert reasons(conn, bare["cand"], None) == ["candidate has no eval results"]
+    result(conn, bare["cand"], "house-style", "pass_rate", 0.20)
+    assert can(conn, bare["cand"], None) is True
 
 
 def test_improving_candidate_passes(conn, world):
@@ -177,8 +236,8 @@ def test_missing_adapters_other_route_and_other_base_are_refused(conn, world):
     assert "not comparable" in reasons(conn, rebased, world["prod"])[0]
 
 
-def test_no_policy_is_refused_and_a_route_row_overrides_the_global_one(conn):
-    # Start without the default global policy the evaluator migration installs.
+def test_no_policy_compares_by_default_and_a_route_row_overrides_the_global_one(conn):
+    # Start without the default global policy.
     conn.execute("DELETE FROM train.promotion_policy WHERE route IS NULL")
     t = make_tenant(conn)
     r = make_route(conn, tenant_id=t["id"])
@@ -186,7 +245,7 @@ def test_no_policy_is_refused_and_a_route_row_overrides_the_global_one(conn):
     cand = make_adapter(conn, route=r)["id"]
     result(conn, prod, "s", "m", 1.0)
     result(conn, cand, "s", "m", 0.5)
-    assert "no promotion policy" in reasons(conn, cand, prod)[0]
+    assert "default rule" in reasons(conn, cand, prod)[0]
     policy(conn, None, "s", "m", "higher")
     assert can(conn, cand, prod) is False
     policy(conn, r["name"], "s", "m", "lower")

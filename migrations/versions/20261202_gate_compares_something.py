@@ -1,0 +1,301 @@
+"""The gate never passes on nothing: results no rule names are compared by a default rule.
+
+serve.promotion_blockers compares a candidate's results on a suite/metric that no
+train.promotion_policy row names with the seed's default (higher is better, 2 % tolerance, not
+required) instead of ignoring them; a policy row with direction 'ignore' leaves one out. With a
+current prod, at least one metric must have been compared, or the gate refuses ("nothing
+compared"). The held-out split's perplexity, preference_accuracy and reward_margin get global
+rules in their own direction.
+
+Revision ID: 20261202
+Revises: 20261201
+"""
+
+from alembic import op
+
+revision = "20261202"
+down_revision = "20261201"
+branch_labels = None
+depends_on = None
+
+UPGRADE_SQL = r"""
+ALTER TABLE train.promotion_policy DROP CONSTRAINT promotion_policy_direction_check;
+ALTER TABLE train.promotion_policy ADD CONSTRAINT promotion_policy_direction_check
+  CHECK (direction IN ('higher', 'lower', 'ignore'));
+INSERT INTO train.promotion_policy (route, suite_id, metric, direction, tolerance, required)
+VALUES (NULL, 'heldout:snapshot', 'perplexity', 'lower', 0.02, false),
+       (NULL, 'heldout:snapshot', 'preference_accuracy', 'higher', 0.02, false),
+       (NULL, 'heldout:snapshot', 'reward_margin', 'higher', 0.02, false)
+ON CONFLICT DO NOTHING;
+CREATE OR REPLACE FUNCTION serve.promotion_blockers(candidate text, current text)
+RETURNS TABLE (suite_id text, metric text, direction text, candidate_score numeric,
+               current_score numeric, threshold numeric, reason text)
+LANGUAGE plpgsql STABLE SET search_path = pg_catalog, public AS $$
+#variable_conflict use_column
+DECLARE
+  v_cand text := $1;
+  v_cur  text := $2;
+  c serve.adapter%ROWTYPE;
+  p serve.adapter%ROWTYPE;
+BEGIN
+  SELECT * INTO c FROM serve.adapter a WHERE a.id = v_cand;
+  IF NOT FOUND THEN
+    RETURN QUERY SELECT NULL::text, NULL::text, NULL::text, NULL::numeric, NULL::numeric,
+      NULL::numeric, format('candidate adapter %s does not exist', coalesce(v_cand, 'NULL'));
+    RETURN;
+  END IF;
+  IF v_cur IS NOT NULL THEN
+    SELECT * INTO p FROM serve.adapter a WHERE a.id = v_cur;
+    IF NOT FOUND THEN
+      RETURN QUERY SELECT NULL::text, NULL::text, NULL::text, NULL::numeric, NULL::numeric,
+        NULL::numeric, format('current adapter %s does not exist', v_cur);
+      RETURN;
+    END IF;
+    IF p.id = c.id THEN
+      RETURN QUERY SELECT NULL::text, NULL::text, NULL::text, NULL::numeric, NULL::numeric,
+        NULL::numeric, 'candidate and current are the same adapter';
+      RETURN;
+    END IF;
+    IF p.route <> c.route THEN
+      RETURN QUERY SELECT NULL::text, NULL::text, NULL::text, NULL::numeric, NULL::numeric,
+        NULL::numeric, format('candidate is on route %s, current on route %s', c.route, p.route);
+      RETURN;
+    END IF;
+    IF p.base_model <> c.base_model OR p.base_revision IS DISTINCT FROM c.base_revision THEN
+      RETURN QUERY SELECT NULL::text, NULL::text, NULL::text, NULL::numeric, NULL::numeric,
+        NULL::numeric, format('candidate is built on %s%s, current on %s%s: not comparable',
+          c.base_model, coalesce('@' || c.base_revision, ''),
+          p.base_model, coalesce('@' || p.base_revision, ''));
+      RETURN;
+    END IF;
+  END IF;
+  IF c.status IN ('training', 'failed') THEN
+    RETURN QUERY SELECT NULL::text, NULL::text, NULL::text, NULL::numeric, NULL::numeric,
+      NULL::numeric, format('candidate status is %s', c.status);
+  END IF;
+  IF c.tainted_at IS NOT NULL THEN
+    RETURN QUERY SELECT NULL::text, NULL::text, NULL::text, NULL::numeric, NULL::numeric,
+      NULL::numeric, format('candidate is tainted: %s', coalesce(c.tainted_reason, 'no reason given'));
+  END IF;
+  IF NOT EXISTS (SELECT 1 FROM train.eval_result r WHERE r.adapter_id = c.id) THEN
+    RETURN QUERY SELECT NULL::text, NULL::text, NULL::text, NULL::numeric, NULL::numeric,
+      NULL::numeric, 'candidate has no eval results';
+  END IF;
+
+  RETURN QUERY
+  WITH ruled AS (
+    SELECT DISTINCT ON (pp.suite_id, pp.metric)
+           pp.suite_id, pp.metric, pp.direction, pp.tolerance, pp.required
+      FROM train.promotion_policy pp
+     WHERE pp.route = c.route OR pp.route IS NULL
+     ORDER BY pp.suite_id, pp.metric, pp.route NULLS LAST
+  ), pol AS (
+    SELECT q.metric, q.direction, q.tolerance, q.required, false AS by_default,
+           CASE WHEN q.suite_id = 'heldout:snapshot' THEN 'heldout:' || c.dataset_snapshot_id::text
+                ELSE q.suite_id END AS suite_id
+      FROM ruled q
+     WHERE q.direction <> 'ignore'
+       AND NOT (q.suite_id = 'heldout:snapshot' AND c.dataset_snapshot_id IS NULL)
+    UNION ALL
+    -- The candidate's results that no rule names: the default rule.
+    SELECT r.metric, 'higher', 0.02, false, true, r.suite_id
+      FROM train.eval_result r
+     WHERE r.adapter_id = c.id
+       AND NOT EXISTS (SELECT 1 FROM ruled q
+                        WHERE q.metric = r.metric
+                          AND (q.suite_id = r.suite_id
+                               OR (q.suite_id = 'heldout:snapshot' AND r.suite_id LIKE 'heldout:%')))
+  ), cmp AS (
+    SELECT pol.*,
+           cr.adapter_id IS NOT NULL AS c_has, cr.score AS cs, cr.judge_model AS cj,
+           pr.adapter_id IS NOT NULL AS p_has, pr.score AS ps, pr.judge_model AS pj
+      FROM pol
+      LEFT JOIN train.eval_result cr
+             ON cr.adapter_id = c.id AND cr.suite_id = pol.suite_id AND cr.metric = pol.metric
+      LEFT JOIN train.eval_result pr
+             ON pr.adapter_id = v_cur AND pr.suite_id = pol.suite_id AND pr.metric = pol.metric
+  ), lim AS (
+    SELECT cmp.*,
+           (cs IS NOT NULL AND cs NOT IN ('NaN', 'Infinity', '-Infinity')) AS c_ok,
+           (ps IS NOT NULL AND ps NOT IN ('NaN', 'Infinity', '-Infinity')) AS p_ok
+      FROM cmp
+  ), judged AS (
+    SELECT lim.*,
+           CASE WHEN p_ok THEN
+             CASE direction WHEN 'higher' THEN ps - tolerance * abs(ps)
+                            ELSE ps + tolerance * abs(ps) END
+           END AS thr
+      FROM lim
+  ), verdict AS (
+    SELECT judged.*,
+      CASE
+        WHEN required AND NOT c_has THEN 'candidate has no result for this required metric'
+        WHEN NOT c_has AND p_has THEN 'candidate lacks a policy metric the current adapter has'
+        WHEN NOT c_has THEN NULL
+        WHEN NOT c_ok THEN 'candidate score is not a finite number (failed evaluation)'
+        WHEN v_cur IS NULL THEN NULL
+        WHEN NOT p_has AND required
+          THEN 'current adapter has no result for this required metric: evaluate it on the same suite'
+        WHEN NOT p_has THEN NULL
+        WHEN NOT p_ok THEN 'current score is not a finite number: not comparable'
+        WHEN cj IS DISTINCT FROM pj
+          THEN format('judged by different models (%s vs %s): not comparable',
+                      coalesce(cj, 'none'), coalesce(pj, 'none'))
+        WHEN direction = 'higher' AND cs < thr
+          THEN format('regression: %s < %s (higher is better, tolerance %s%s)', cs, thr, tolerance,
+                      CASE WHEN by_default THEN '; default rule: no policy names this metric' ELSE '' END)
+        WHEN direction = 'lower' AND cs > thr
+          THEN format('regression: %s > %s (lower is better, tolerance %s)', cs, thr, tolerance)
+      END AS why
+      FROM judged
+  )
+  SELECT v.suite_id, v.metric, v.direction, v.cs, v.ps, v.thr, v.why
+    FROM verdict v WHERE v.why IS NOT NULL
+  UNION ALL
+  SELECT NULL, NULL, NULL, NULL, NULL, NULL,
+         format('nothing compared: no metric of %s was compared with the current prod %s'
+                ' (evaluate both on a common suite)', c.id, v_cur)
+   WHERE v_cur IS NOT NULL
+     AND NOT EXISTS (SELECT 1 FROM verdict v
+                      WHERE v.c_ok AND v.p_ok AND v.cj IS NOT DISTINCT FROM v.pj)
+   ORDER BY 1, 2;
+END
+$$;
+"""
+
+DOWNGRADE_SQL = r"""
+DELETE FROM train.promotion_policy WHERE direction = 'ignore';
+DELETE FROM train.promotion_policy
+ WHERE route IS NULL AND suite_id = 'heldout:snapshot'
+   AND metric IN ('perplexity', 'preference_accuracy', 'reward_margin');
+ALTER TABLE train.promotion_policy DROP CONSTRAINT promotion_policy_direction_check;
+ALTER TABLE train.promotion_policy ADD CONSTRAINT promotion_policy_direction_check
+  CHECK (direction IN ('higher', 'lower'));
+CREATE OR REPLACE FUNCTION serve.promotion_blockers(candidate text, current text)
+RETURNS TABLE (suite_id text, metric text, direction text, candidate_score numeric,
+               current_score numeric, threshold numeric, reason text)
+LANGUAGE plpgsql STABLE SET search_path = pg_catalog, public AS $$
+#variable_conflict use_column
+DECLARE
+  v_cand text := $1;
+  v_cur  text := $2;
+  c serve.adapter%ROWTYPE;
+  p serve.adapter%ROWTYPE;
+BEGIN
+  SELECT * INTO c FROM serve.adapter a WHERE a.id = v_cand;
+  IF NOT FOUND THEN
+    RETURN QUERY SELECT NULL::text, NULL::text, NULL::text, NULL::numeric, NULL::numeric,
+      NULL::numeric, format('candidate adapter %s does not exist', coalesce(v_cand, 'NULL'));
+    RETURN;
+  END IF;
+  IF v_cur IS NOT NULL THEN
+    SELECT * INTO p FROM serve.adapter a WHERE a.id = v_cur;
+    IF NOT FOUND THEN
+      RETURN QUERY SELECT NULL::text, NULL::text, NULL::text, NULL::numeric, NULL::numeric,
+        NULL::numeric, format('current adapter %s does not exist', v_cur);
+      RETURN;
+    END IF;
+    IF p.id = c.id THEN
+      RETURN QUERY SELECT NULL::text, NULL::text, NULL::text, NULL::numeric, NULL::numeric,
+        NULL::numeric, 'candidate and current are the same adapter';
+      RETURN;
+    END IF;
+    IF p.route <> c.route THEN
+      RETURN QUERY SELECT NULL::text, NULL::text, NULL::text, NULL::numeric, NULL::numeric,
+        NULL::numeric, format('candidate is on route %s, current on route %s', c.route, p.route);
+      RETURN;
+    END IF;
+    IF p.base_model <> c.base_model OR p.base_revision IS DISTINCT FROM c.base_revision THEN
+      RETURN QUERY SELECT NULL::text, NULL::text, NULL::text, NULL::numeric, NULL::numeric,
+        NULL::numeric, format('candidate is built on %s%s, current on %s%s: not comparable',
+          c.base_model, coalesce('@' || c.base_revision, ''),
+          p.base_model, coalesce('@' || p.base_revision, ''));
+      RETURN;
+    END IF;
+  END IF;
+  IF c.status IN ('training', 'failed') THEN
+    RETURN QUERY SELECT NULL::text, NULL::text, NULL::text, NULL::numeric, NULL::numeric,
+      NULL::numeric, format('candidate status is %s', c.status);
+  END IF;
+  IF c.tainted_at IS NOT NULL THEN
+    RETURN QUERY SELECT NULL::text, NULL::text, NULL::text, NULL::numeric, NULL::numeric,
+      NULL::numeric, format('candidate is tainted: %s', coalesce(c.tainted_reason, 'no reason given'));
+  END IF;
+  IF NOT EXISTS (SELECT 1 FROM train.eval_result r WHERE r.adapter_id = c.id) THEN
+    RETURN QUERY SELECT NULL::text, NULL::text, NULL::text, NULL::numeric, NULL::numeric,
+      NULL::numeric, 'candidate has no eval results';
+  END IF;
+  IF NOT EXISTS (SELECT 1 FROM train.promotion_policy pp
+                  WHERE pp.route = c.route OR pp.route IS NULL) THEN
+    RETURN QUERY SELECT NULL::text, NULL::text, NULL::text, NULL::numeric, NULL::numeric,
+      NULL::numeric, format('no promotion policy applies to route %s (train.promotion_policy)', c.route);
+  END IF;
+
+  RETURN QUERY
+  WITH pol AS (
+    SELECT q.metric, q.direction, q.tolerance, q.required,
+           CASE WHEN q.suite_id = 'heldout:snapshot' THEN 'heldout:' || c.dataset_snapshot_id::text
+                ELSE q.suite_id END AS suite_id
+      FROM (SELECT DISTINCT ON (pp.suite_id, pp.metric)
+                   pp.suite_id, pp.metric, pp.direction, pp.tolerance, pp.required
+              FROM train.promotion_policy pp
+             WHERE pp.route = c.route OR pp.route IS NULL
+             ORDER BY pp.suite_id, pp.metric, pp.route NULLS LAST) q
+     WHERE NOT (q.suite_id = 'heldout:snapshot' AND c.dataset_snapshot_id IS NULL)
+  ), cmp AS (
+    SELECT pol.*,
+           cr.adapter_id IS NOT NULL AS c_has, cr.score AS cs, cr.judge_model AS cj,
+           pr.adapter_id IS NOT NULL AS p_has, pr.score AS ps, pr.judge_model AS pj
+      FROM pol
+      LEFT JOIN train.eval_result cr
+             ON cr.adapter_id = c.id AND cr.suite_id = pol.suite_id AND cr.metric = pol.metric
+      LEFT JOIN train.eval_result pr
+             ON pr.adapter_id = v_cur AND pr.suite_id = pol.suite_id AND pr.metric = pol.metric
+  ), lim AS (
+    SELECT cmp.*,
+           (cs IS NOT NULL AND cs NOT IN ('NaN', 'Infinity', '-Infinity')) AS c_ok,
+           (ps IS NOT NULL AND ps NOT IN ('NaN', 'Infinity', '-Infinity')) AS p_ok
+      FROM cmp
+  ), judged AS (
+    SELECT lim.*,
+           CASE WHEN p_ok THEN
+             CASE direction WHEN 'higher' THEN ps - tolerance * abs(ps)
+                            ELSE ps + tolerance * abs(ps) END
+           END AS thr
+      FROM lim
+  ), verdict AS (
+    SELECT judged.*,
+      CASE
+        WHEN required AND NOT c_has THEN 'candidate has no result for this required metric'
+        WHEN NOT c_has AND p_has THEN 'candidate lacks a policy metric the current adapter has'
+        WHEN NOT c_has THEN NULL
+        WHEN NOT c_ok THEN 'candidate score is not a finite number (failed evaluation)'
+        WHEN v_cur IS NULL THEN NULL
+        WHEN NOT p_has AND required
+          THEN 'current adapter has no result for this required metric: evaluate it on the same suite'
+        WHEN NOT p_has THEN NULL
+        WHEN NOT p_ok THEN 'current score is not a finite number: not comparable'
+        WHEN cj IS DISTINCT FROM pj
+          THEN format('judged by different models (%s vs %s): not comparable',
+                      coalesce(cj, 'none'), coalesce(pj, 'none'))
+        WHEN direction = 'higher' AND cs < thr
+          THEN format('regression: %s < %s (higher is better, tolerance %s)', cs, thr, tolerance)
+        WHEN direction = 'lower' AND cs > thr
+          THEN format('regression: %s > %s (lower is better, tolerance %s)', cs, thr, tolerance)
+      END AS why
+      FROM judged
+  )
+  SELECT v.suite_id, v.metric, v.direction, v.cs, v.ps, v.thr, v.why
+    FROM verdict v WHERE v.why IS NOT NULL
+   ORDER BY v.suite_id, v.metric;
+END
+$$;
+"""
+
+
+def upgrade() -> None:
+    op.get_bind().connection.driver_connection.execute(UPGRADE_SQL)
+
+
+def downgrade() -> None:
+    op.get_bind().connection.driver_connection.execute(DOWNGRADE_SQL)
