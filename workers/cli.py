@@ -26,8 +26,8 @@ WORKERS: dict[str, str] = {
     "maintenance": "workers.maintenance.__main__",
     "embed": "workers.embedder.__main__",
     "train": "workers.trainer.cli",
-    "experiments": "app.experiments.worker",
-    "reconcile": "app.gateway.reconciler",
+    "experiments": "workers.experiments.worker",
+    "reconcile": "workers.reconciler.cli",
     "eval": "workers.evaluator.cli",
 }
 
@@ -79,7 +79,7 @@ def _serve(args: argparse.Namespace) -> int:
     import uvicorn
 
     from app.core.http_server import server_options
-    from app.main import create_app
+    from workers.api import create_app  # the app, with the reconciler beside its router
 
     settings = get_settings()
     url = database_url(settings)

@@ -165,7 +165,7 @@ def test_every_cft_command_is_a_real_entry_point() -> None:
             assert args.worker in WORKERS, f"{name}: no worker {args.worker!r} in {list(WORKERS)}"
             workers_used.add(args.worker)
     # Every worker cft has is deployed, except the reconciler: the api runs it in-process
-    # whenever engines are configured (app/gateway/service.py), and two would race.
+    # whenever engines are configured (workers/api.py), and two would race.
     missing = set(WORKERS) - workers_used - IN_PROCESS_WORKERS
     assert not missing, f"workers not in compose: {missing}"
     assert not IN_PROCESS_WORKERS & workers_used
