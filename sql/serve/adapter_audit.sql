@@ -20,6 +20,35 @@ BEGIN
 END
 $$;
 
+-- The canary ceiling: the canaries of a route together get at most serve.route.max_canary_pct
+-- of its users (default 50 %), however the UPDATE comes (REST, CLI, psql), unless the caller
+-- overrides as the gate's override does (cft_release, cft.override = 'on', a cft.reason; the
+-- audit records it). Owner rights: it counts every canary of the route, whatever the caller
+-- may see. (INSERT of a canary is the owner's bootstrap alone, see serve/adapter_gate.sql.)
+CREATE OR REPLACE FUNCTION serve.check_canary_ceiling(p_route text, p_adapter text, p_pct numeric,
+                                                      p_override boolean)
+RETURNS void LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, public AS $$
+DECLARE
+  v_max   numeric;
+  v_total numeric;
+BEGIN
+  SELECT max_canary_pct INTO v_max FROM serve.route WHERE name = p_route;
+  SELECT coalesce(sum(traffic_pct), 0) + p_pct INTO v_total
+    FROM serve.adapter WHERE route = p_route AND status = 'canary' AND id <> p_adapter;
+  IF v_total > v_max AND NOT p_override THEN
+    RAISE check_violation USING
+      CONSTRAINT = 'adapter_canary_ceiling',
+      MESSAGE = format('canaries of route %s would get %s %% of users, above its ceiling of %s %%'
+                       ' (serve.route.max_canary_pct)', p_route, v_total, v_max),
+      HINT = 'lower traffic_pct, raise serve.route.max_canary_pct, or override as cft_release:'
+             ' SET LOCAL cft.override = ''on''; SET LOCAL cft.reason = ''why'';';
+  END IF;
+END
+$$;
+REVOKE EXECUTE ON FUNCTION serve.check_canary_ceiling(text, text, numeric, boolean) FROM PUBLIC;
+GRANT EXECUTE ON FUNCTION serve.check_canary_ceiling(text, text, numeric, boolean)
+  TO cft_app, cft_release;
+
 -- Runs as the caller, so it can record who the caller is for the audit trigger that follows.
 CREATE OR REPLACE FUNCTION serve.adapter_before_write() RETURNS trigger
 LANGUAGE plpgsql AS $$
@@ -34,6 +63,12 @@ BEGIN
   IF NEW.status = 'canary' AND (TG_OP = 'INSERT' OR OLD.status IS DISTINCT FROM NEW.status
                                 OR OLD.traffic_pct IS DISTINCT FROM NEW.traffic_pct) THEN
     PERFORM serve.check_canary_budget(NEW.route, NEW.id, NEW.traffic_pct);
+    IF TG_OP = 'UPDATE' THEN
+      PERFORM serve.check_canary_ceiling(NEW.route, NEW.id, NEW.traffic_pct,
+        coalesce(nullif(current_setting('cft.override', true), ''), 'off') = 'on'
+        AND nullif(btrim(coalesce(current_setting('cft.reason', true), '')), '') IS NOT NULL
+        AND 'cft_release' IN (current_user::text, session_user::text));
+    END IF;
   END IF;
   PERFORM set_config('cft.actor', session_user ||
     CASE WHEN current_user <> session_user THEN ' as ' || current_user ELSE '' END, true);

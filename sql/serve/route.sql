@@ -5,5 +5,9 @@ CREATE TABLE serve.route (
   base_model  text NOT NULL,
   experiment  text,            -- salt of the current canary split; NULL = the route name
   created_at  timestamptz NOT NULL DEFAULT now(),
+  max_canary_pct numeric(5,2) NOT NULL DEFAULT 50
+              CHECK (max_canary_pct BETWEEN 0 AND 100),  -- ceiling of all canaries' share
   UNIQUE (name, tenant_id)
 );
+COMMENT ON COLUMN serve.route.max_canary_pct IS
+  'Most users all canaries of the route may get together (default 50 %); above it needs the override.';

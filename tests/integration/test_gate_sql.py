@@ -510,3 +510,37 @@ def test_cli_can_promote_exit_codes_and_reasons(db_url, conn, world):
     result(conn, world["cand"], "heldout", "loss", 1.0)
     allowed = cli("can-promote", world["cand"])  # CURRENT defaults to the route's prod
     assert allowed.returncode == 0 and "allowed" in allowed.stdout
+
+
+def test_canary_ceiling_holds_for_a_raw_sql_update(conn, world):
+    result(conn, world["cand"], "tasks", "accuracy", 0.85)
+    result(conn, world["cand"], "heldout", "loss", 1.40)
+    canary = "UPDATE serve.adapter SET status = 'canary', traffic_pct = %s WHERE id = %s"
+    # The case: every user on a canary, no override.
+    with pytest.raises(psycopg.errors.CheckViolation, match=r"above its ceiling of 50\.00 %"):
+        conn.execute(canary, (100, world["cand"]))
+    conn.execute(canary, (50, world["cand"]))
+    with pytest.raises(psycopg.errors.CheckViolation, match="ceiling"):
+        conn.execute("UPDATE serve.adapter SET traffic_pct = 60 WHERE id = %s", (world["cand"],))
+    # A reasonless override is no override.
+    with pytest.raises(psycopg.errors.CheckViolation, match="ceiling"), conn.transaction():
+        conn.execute("SET LOCAL ROLE cft_release")
+        conn.execute("SET LOCAL cft.override = 'on'")
+        conn.execute("UPDATE serve.adapter SET traffic_pct = 90 WHERE id = %s", (world["cand"],))
+    with conn.transaction():
+        conn.execute("SET LOCAL ROLE cft_release")
+        conn.execute("SET LOCAL cft.override = 'on'")
+        conn.execute("SET LOCAL cft.reason = 'load test of the new adapter'")
+        conn.execute("UPDATE serve.adapter SET traffic_pct = 90 WHERE id = %s", (world["cand"],))
+    event = conn.execute(
+        "SELECT override, reason, new_traffic_pct FROM serve.adapter_event"
+        " WHERE adapter_id = %s ORDER BY id DESC LIMIT 1",
+        (world["cand"],),
+    ).fetchone()
+    assert event["override"] is True and event["reason"] == "load test of the new adapter"
+    assert float(event["new_traffic_pct"]) == 90
+    # The route's own ceiling, raised in SQL.
+    conn.execute(
+        "UPDATE serve.route SET max_canary_pct = 95 WHERE name = %s", (world["route"]["name"],)
+    )
+    conn.execute("UPDATE serve.adapter SET traffic_pct = 95 WHERE id = %s", (world["cand"],))

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import re
+import subprocess
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
@@ -20,6 +21,8 @@ from tests.support.catalog import catalog, differences
 
 ROOT = Path(__file__).resolve().parents[2]
 VERSIONS = ROOT / "migrations" / "versions"
+# The commit whose sql/ the baseline migration (20261201) is.
+BASELINE_COMMIT = "0006e75"
 
 
 def _revisions() -> list[tuple[str, str | None]]:
@@ -73,7 +76,40 @@ def test_sql_names_carry_no_version_suffix():
     assert hits == []
 
 
-def test_upgrade_head_equals_fresh_apply_of_sql(new_db, fresh_catalog):
+def test_cft_migrate_creates_an_empty_database_from_sql_at_head(new_db, fresh_catalog):
+    migrate(new_db)
+    assert differences(_without_alembic(catalog(new_db)), fresh_catalog) == []
+    with psycopg.connect(new_db) as c:
+        assert c.execute("SELECT version_num FROM alembic_version").fetchone() == (
+            _revisions()[-1][0],
+        )
+
+
+def _git(*args: str) -> str:
+    return subprocess.run(
+        ["git", "-C", str(ROOT), *args], capture_output=True, text=True, check=True
+    ).stdout
+
+
+def test_upgrade_from_the_baseline_equals_fresh_apply_of_sql(new_db, fresh_catalog):
+    """The baseline's schema (sql/ at the commit that made it) + every delta == sql/ now."""
+    try:
+        files = [
+            line.strip()
+            for line in _git("show", f"{BASELINE_COMMIT}:sql/manifest.txt").splitlines()
+            if line.strip() and not line.startswith("#")
+        ]
+    except (OSError, subprocess.CalledProcessError) as exc:  # no git, or a shallow clone
+        pytest.skip(f"the baseline commit {BASELINE_COMMIT} is not in this checkout: {exc}")
+    dim = str(get_settings().embedding_dim)
+    with psycopg.connect(new_db) as c:
+        for relpath in files:
+            c.execute(
+                _git("show", f"{BASELINE_COMMIT}:sql/{relpath}").replace("__EMBEDDING_DIM__", dim)
+            )
+        c.execute("SELECT obs.create_partitions(4, now() - interval '7 days')")
+        c.execute("CREATE TABLE alembic_version (version_num varchar(32) PRIMARY KEY)")
+        c.execute("INSERT INTO alembic_version VALUES (%s)", (_revisions()[0][0],))
     migrate(new_db)
     assert differences(_without_alembic(catalog(new_db)), fresh_catalog) == []
 

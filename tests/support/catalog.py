@@ -14,7 +14,10 @@ SCHEMAS = ("public", "obs", "serve", "train", "auth", "stats")
 QUERIES: dict[str, str] = {
     "columns": """
         SELECT c.table_schema || '.' || c.table_name, c.column_name, c.data_type,
-               c.udt_name, c.is_nullable, coalesce(c.column_default, ''), c.ordinal_position::text
+               c.udt_name, c.is_nullable, coalesce(c.column_default, ''),
+               -- the order among live columns (a dropped column leaves a gap in attnum)
+               (row_number() OVER (PARTITION BY c.table_schema, c.table_name
+                                   ORDER BY c.ordinal_position))::text
           FROM information_schema.columns c
          WHERE c.table_schema = ANY (%(schemas)s)
            AND c.table_name !~ '^inference_log_[0-9]{4}w[0-9]{2}$'""",

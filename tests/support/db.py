@@ -7,6 +7,7 @@ import os
 import tempfile
 import threading
 from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from urllib.parse import quote
 
@@ -65,6 +66,7 @@ def drop(server_url: str, url: str) -> None:
         conn.execute(f'DROP DATABASE IF EXISTS "{dbname}" WITH (FORCE)')
 
 
+@contextmanager
 def dedicated_server(
     prefix: str, *, tuning: dict[str, str] | None = None
 ) -> Iterator[tuple[Path, str]]:
