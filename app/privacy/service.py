@@ -13,9 +13,7 @@ def forget_user(conn: Connection, *, user: str, secret: bytes) -> dict[str, Any]
     """Forget user in the tenant the transaction is scoped to; return the audit row."""
     if not user or "\x00" in user:
         raise Unprocessable("user must be a non-empty id without NUL characters", param="user")
-    row = conn.execute(
-        "SELECT * FROM auth.forget_user(%s)", (user_hash(user, secret),)
-    ).fetchone()
+    row = conn.execute("SELECT * FROM auth.forget_user(%s)", (user_hash(user, secret),)).fetchone()
     assert row is not None
     out = dict(row)
     out["user_hash"] = bytes(out["user_hash"]).hex()
