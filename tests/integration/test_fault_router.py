@@ -30,7 +30,7 @@ from tests.integration.test_reconciler import (
     engine_server,
     wait_until,
 )
-from tests.integration.test_router_gateway import random_adapter
+from tests.support.lora import make_adapter_dir
 from tests.support.servers import free_port, serve_app
 from workers.api import create_app
 
@@ -41,7 +41,12 @@ ROOT = Path(__file__).resolve().parents[2]
 @pytest.fixture(scope="module")
 def adapter_dirs(models_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> list[Path]:
     root = tmp_path_factory.mktemp("adapters")
-    return [random_adapter(models_dir, root / f"a{i}", seed=20 + i) for i in range(2)]
+    return [
+        make_adapter_dir(
+            models_dir, root / f"a{i}", seed=20 + i, target_modules=("q_proj", "v_proj")
+        )
+        for i in range(2)
+    ]
 
 
 @pytest.fixture

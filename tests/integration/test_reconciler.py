@@ -16,8 +16,8 @@ from psycopg.rows import dict_row
 from app.core.artefacts import WEIGHTS_FILE, LocalStore
 from app.core.auth import create_key
 from app.core.config import get_settings
-from tests.integration.test_router_gateway import random_adapter
 from tests.support.factories import make_adapter, make_route, make_tenant
+from tests.support.lora import make_adapter_dir
 from tests.support.servers import free_port, serve_app
 from workers import base_model
 from workers.api import create_app
@@ -41,7 +41,12 @@ def engine_server(models_dir: Path, port: int) -> Iterator[str]:
 @pytest.fixture(scope="module")
 def adapter_dirs(models_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> list[Path]:
     root = tmp_path_factory.mktemp("adapters")
-    return [random_adapter(models_dir, root / f"a{i}", seed=10 + i) for i in range(2)]
+    return [
+        make_adapter_dir(
+            models_dir, root / f"a{i}", seed=10 + i, target_modules=("q_proj", "v_proj")
+        )
+        for i in range(2)
+    ]
 
 
 @pytest.fixture(scope="module")
@@ -178,7 +183,13 @@ def test_promotion_and_rollback_by_sql_reach_routing(world: World, engine: str):
             lambda: (deployment(world.db_url, old) or {}).get("state") == "loaded", what="load"
         )
         assert world.call(api).headers["x-cft-adapter"] == old
-        # A canary for every user: loaded by the reconciler on NOTIFY, then routed to.
+        # A canary for every user (the route's ceiling raised from its default 50 %): loaded
+        # by the reconciler on NOTIFY, then routed to.
+        world.sql(
+            "UPDATE serve.route SET max_canary_pct = 100"
+            " WHERE name = (SELECT route FROM serve.adapter WHERE id = %s)",
+            new,
+        )
         world.sql(
             "UPDATE serve.adapter SET status = 'canary', traffic_pct = 100 WHERE id = %s", new
         )
