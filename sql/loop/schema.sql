@@ -1,0 +1,135 @@
+-- The loop (issue 20): per-route policy, a global control row, cycles with a state machine.
+-- Every policy field has a default here, and only here: `{"enabled": true}` turns a route's loop
+-- on; PUT /v1/routes/{route}/loop writes the fields it names and resets the others to DEFAULT.
+CREATE SCHEMA IF NOT EXISTS loop;
+
+-- The global kill switch and the platform-wide caps: exactly one row.
+CREATE TABLE loop.control (
+  id                      boolean PRIMARY KEY DEFAULT true CHECK (id),
+  paused                  boolean NOT NULL DEFAULT false,
+  reason                  text,
+  changed_by              text,
+  changed_at              timestamptz NOT NULL DEFAULT now(),
+  max_concurrent_training int NOT NULL DEFAULT 2 CHECK (max_concurrent_training >= 0)
+);
+INSERT INTO loop.control (id) VALUES (true);
+COMMENT ON TABLE loop.control IS
+  'One row: paused = true stops every loop cycle from starting (cft loop stop-all); '
+  'max_concurrent_training caps the queued + running training runs of all tenants.';
+
+CREATE TABLE loop.policy (
+  route                   text PRIMARY KEY,
+  tenant_id               int NOT NULL,
+  enabled                 boolean NOT NULL DEFAULT false,
+  paused                  boolean NOT NULL DEFAULT false,
+  paused_reason           text,
+  method                  text CHECK (method IN ('sft', 'dpo', 'kto', 'orpo', 'simpo')),
+  min_new_examples        int NOT NULL DEFAULT 40 CHECK (min_new_examples >= 1),
+  min_interval            interval NOT NULL DEFAULT '1 hour' CHECK (min_interval >= interval '0'),
+  max_interval            interval CHECK (max_interval > interval '0'),
+  decline_enabled         boolean NOT NULL DEFAULT true,
+  decline_alpha           float8 NOT NULL DEFAULT 0.01 CHECK (decline_alpha > 0 AND decline_alpha < 0.5),
+  decline_window          interval NOT NULL DEFAULT '1 day' CHECK (decline_window > interval '0'),
+  decline_min_n           int NOT NULL DEFAULT 100 CHECK (decline_min_n >= 2),
+  drift_enabled           boolean NOT NULL DEFAULT true,
+  drift_distance          float8 NOT NULL DEFAULT 0.35 CHECK (drift_distance > 0 AND drift_distance <= 2),
+  drift_share             float8 NOT NULL DEFAULT 0.3 CHECK (drift_share > 0 AND drift_share <= 1),
+  drift_sample            int NOT NULL DEFAULT 200 CHECK (drift_sample BETWEEN 1 AND 10000),
+  drift_min_n             int NOT NULL DEFAULT 50 CHECK (drift_min_n >= 1),
+  max_cycles_per_day      int NOT NULL DEFAULT 4 CHECK (max_cycles_per_day >= 0),
+  max_concurrent_training int NOT NULL DEFAULT 1 CHECK (max_concurrent_training >= 0),
+  cooldown_after_reject   interval NOT NULL DEFAULT '6 hours' CHECK (cooldown_after_reject >= interval '0'),
+  canary_pct              numeric(5,2) NOT NULL DEFAULT 10 CHECK (canary_pct > 0 AND canary_pct <= 100),
+  canary_max_users        int NOT NULL DEFAULT 2000 CHECK (canary_max_users >= 1),
+  canary_max_duration     interval NOT NULL DEFAULT '3 days' CHECK (canary_max_duration > interval '0'),
+  decision_metric         text NOT NULL DEFAULT 'thumbs_up_rate'
+                          CHECK (decision_metric IN ('feedback_mean', 'thumbs_up_rate', 'regen_rate', 'edit_rate')),
+  decision_alpha          float8 NOT NULL DEFAULT 0.05 CHECK (decision_alpha > 0 AND decision_alpha < 0.5),
+  decision_min_n          int NOT NULL DEFAULT 100 CHECK (decision_min_n >= 2),
+  watch_window            interval NOT NULL DEFAULT '1 hour' CHECK (watch_window >= interval '0'),
+  watch_alpha             float8 NOT NULL DEFAULT 0.01 CHECK (watch_alpha > 0 AND watch_alpha < 0.5),
+  watch_min_n             int NOT NULL DEFAULT 50 CHECK (watch_min_n >= 2),
+  eval_timeout            interval NOT NULL DEFAULT '2 hours' CHECK (eval_timeout > interval '0'),
+  memory_tight            boolean NOT NULL DEFAULT false,
+  hyperparameters         jsonb NOT NULL DEFAULT '{}' CHECK (jsonb_typeof(hyperparameters) = 'object'),
+  created_at              timestamptz NOT NULL DEFAULT now(),
+  updated_at              timestamptz NOT NULL DEFAULT now(),
+  updated_by              text,
+  FOREIGN KEY (route, tenant_id) REFERENCES serve.route (name, tenant_id) ON DELETE CASCADE
+);
+COMMENT ON TABLE loop.policy IS
+  'The loop of one route: when a cycle starts (triggers, limits), what it trains, how its canary '
+  'is judged and watched. Every column has a default; no row = the defaults, loop disabled.';
+COMMENT ON COLUMN loop.policy.enabled IS 'Off by default: no cycle starts until it is true.';
+COMMENT ON COLUMN loop.policy.paused IS 'Holds new cycles of this route (cft loop pause); in-flight cycles finish.';
+COMMENT ON COLUMN loop.policy.method IS 'NULL: chosen by the signal (app/loop/method.py); else pinned.';
+COMMENT ON COLUMN loop.policy.min_new_examples IS
+  'Volume trigger: usable examples of one signal (edits, regenerate pairs or thumbs) since the last cycle.';
+COMMENT ON COLUMN loop.policy.min_interval IS 'At most one cycle start per this interval (a limit).';
+COMMENT ON COLUMN loop.policy.max_interval IS 'Schedule trigger: a cycle at least this often (NULL: off).';
+COMMENT ON COLUMN loop.policy.decline_alpha IS
+  'Decline trigger: one-sided two-proportion z-test level (thumbs-up rate now vs after promotion).';
+COMMENT ON COLUMN loop.policy.drift_distance IS
+  'Drift trigger: cosine distance beyond which a recent prompt has no near training prompt.';
+COMMENT ON COLUMN loop.policy.drift_share IS 'Drift trigger: share of far prompts that fires it.';
+COMMENT ON COLUMN loop.policy.canary_pct IS 'Share of users the canary gets (at most serve.route.max_canary_pct).';
+COMMENT ON COLUMN loop.policy.memory_tight IS 'Preference pairs train SimPO (no reference model) instead of DPO.';
+COMMENT ON COLUMN loop.policy.hyperparameters IS
+  'Overrides of the chosen hyperparameters (app.training.methods.Hyperparameters keys).';
+
+-- The canary share may not exceed the route's ceiling (serve.route.max_canary_pct).
+CREATE OR REPLACE FUNCTION loop.policy_check() RETURNS trigger
+LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, public AS $$
+DECLARE
+  v_max numeric;
+BEGIN
+  SELECT max_canary_pct INTO v_max FROM serve.route WHERE name = NEW.route;
+  IF v_max IS NOT NULL AND NEW.canary_pct > v_max THEN
+    RAISE check_violation USING CONSTRAINT = 'loop_policy_canary_ceiling',
+      MESSAGE = format('canary_pct %s is above the ceiling of route %s (max_canary_pct %s)',
+                       NEW.canary_pct, NEW.route, v_max);
+  END IF;
+  NEW.updated_at := now();
+  RETURN NEW;
+END
+$$;
+CREATE TRIGGER policy_check BEFORE INSERT OR UPDATE ON loop.policy
+  FOR EACH ROW EXECUTE FUNCTION loop.policy_check();
+
+-- The tenant of a route, for functions that run with owner rights: a caller scoped to a tenant
+-- (the API's cft_app, cft.tenant_id set) may only ask about its own routes.
+CREATE OR REPLACE FUNCTION loop.route_tenant(p_route text) RETURNS int
+LANGUAGE plpgsql STABLE SECURITY DEFINER SET search_path = pg_catalog, public AS $$
+DECLARE
+  v_tenant int;
+BEGIN
+  SELECT tenant_id INTO v_tenant FROM serve.route WHERE name = p_route;
+  IF NOT FOUND OR (auth.current_tenant_id() IS NOT NULL AND v_tenant <> auth.current_tenant_id()) THEN
+    RAISE EXCEPTION 'route % not found', p_route USING ERRCODE = 'no_data_found';
+  END IF;
+  RETURN v_tenant;
+END
+$$;
+
+-- The effective policy of a route: its row, or the column defaults when it has none (an insert
+-- rolled back inside a subtransaction: the defaults stay defined once, in the table above).
+CREATE OR REPLACE FUNCTION loop.effective_policy(p_route text) RETURNS loop.policy
+LANGUAGE plpgsql VOLATILE SECURITY DEFINER SET search_path = pg_catalog, public AS $$
+DECLARE
+  p loop.policy;
+  v_tenant int;
+BEGIN
+  v_tenant := loop.route_tenant(p_route);
+  SELECT * INTO p FROM loop.policy WHERE route = p_route;
+  IF FOUND THEN
+    RETURN p;
+  END IF;
+  BEGIN
+    INSERT INTO loop.policy (route, tenant_id) VALUES (p_route, v_tenant) RETURNING * INTO p;
+    RAISE EXCEPTION USING ERRCODE = 'P0001', MESSAGE = 'loop.effective_policy: undo';
+  EXCEPTION WHEN raise_exception THEN
+    NULL;  -- p keeps the defaults
+  END;
+  RETURN p;
+END
+$$;

@@ -1,0 +1,51 @@
+-- Row-level security and privileges of the loop schema, as for the other tables
+-- (core/tenant_isolation.sql, core/grants.sql): the API's cft_app sees its tenant's rows,
+-- cft_release and cft_dashboard read everything; the kill switch changes only through
+-- loop.set_control.
+ALTER TABLE loop.policy ENABLE ROW LEVEL SECURITY;
+ALTER TABLE loop.cycle ENABLE ROW LEVEL SECURITY;
+ALTER TABLE loop.cycle_event ENABLE ROW LEVEL SECURITY;
+CREATE POLICY tenant_isolation ON loop.policy TO cft_app
+  USING (tenant_id = auth.current_tenant_id()) WITH CHECK (tenant_id = auth.current_tenant_id());
+CREATE POLICY tenant_isolation ON loop.cycle TO cft_app
+  USING (tenant_id = auth.current_tenant_id()) WITH CHECK (tenant_id = auth.current_tenant_id());
+CREATE POLICY tenant_isolation ON loop.cycle_event TO cft_app
+  USING (tenant_id = auth.current_tenant_id()) WITH CHECK (tenant_id = auth.current_tenant_id());
+CREATE POLICY read_all ON loop.policy FOR SELECT TO cft_dashboard, cft_release USING (true);
+CREATE POLICY read_all ON loop.cycle FOR SELECT TO cft_dashboard, cft_release USING (true);
+CREATE POLICY read_all ON loop.cycle_event FOR SELECT TO cft_dashboard, cft_release USING (true);
+
+-- The kill switch: who and why are kept with it.
+CREATE OR REPLACE FUNCTION loop.set_control(p_paused boolean, p_reason text, p_by text)
+RETURNS loop.control LANGUAGE plpgsql VOLATILE SECURITY DEFINER
+SET search_path = pg_catalog, public AS $$
+DECLARE
+  k loop.control;
+BEGIN
+  IF p_paused AND nullif(btrim(coalesce(p_reason, '')), '') IS NULL THEN
+    RAISE invalid_parameter_value USING MESSAGE = 'stopping the loop needs a reason';
+  END IF;
+  UPDATE loop.control SET paused = p_paused, reason = p_reason,
+         changed_by = coalesce(p_by, session_user), changed_at = now()
+  RETURNING * INTO k;
+  RETURN k;
+END
+$$;
+
+GRANT USAGE ON SCHEMA loop TO cft_app, cft_release, cft_dashboard;
+GRANT SELECT, INSERT, UPDATE ON loop.policy TO cft_app;
+GRANT SELECT ON loop.cycle, loop.cycle_event, loop.control TO cft_app;
+GRANT SELECT ON loop.policy, loop.cycle, loop.cycle_event, loop.control TO cft_release, cft_dashboard;
+-- Owner-rights functions: for the roles of the platform, not PUBLIC.
+REVOKE EXECUTE ON FUNCTION loop.route_tenant(text), loop.effective_policy(text),
+  loop.signal_counts(text, timestamptz), loop.last_cycle_at(text), loop.trigger_volume(text),
+  loop.trigger_schedule(text), loop.trigger_decline(text), loop.trigger_drift(text),
+  loop.trigger_forget(text), loop.limits(text), loop.start_due_cycles(),
+  loop.canary_verdict(bigint), loop.watch_verdict(bigint),
+  loop.set_control(boolean, text, text) FROM PUBLIC;
+GRANT EXECUTE ON FUNCTION loop.route_tenant(text), loop.effective_policy(text),
+  loop.signal_counts(text, timestamptz), loop.last_cycle_at(text), loop.trigger_volume(text),
+  loop.trigger_schedule(text), loop.trigger_decline(text), loop.trigger_drift(text),
+  loop.trigger_forget(text), loop.limits(text)
+  TO cft_app, cft_release, cft_dashboard;
+GRANT EXECUTE ON FUNCTION loop.set_control(boolean, text, text) TO cft_app;
