@@ -23,6 +23,7 @@ from app.gateway import router as gateway_router
 from app.gateway import service as gateway
 from app.gateway.service import ReconcilerFactory
 from app.logs import router as logs_router
+from app.loop import router as loop_router
 from app.privacy import router as privacy_router
 from app.routes import router as routes_router
 from app.training import router as training_router
@@ -89,5 +90,6 @@ def create_app(
     app.include_router(experiments_router.router)
     app.include_router(experiments_dashboard.router)
     app.include_router(routes_router.router)
+    app.include_router(loop_router.router)
     app.add_middleware(MetricsMiddleware)  # added last = outermost: times everything inside
     return app

@@ -19,6 +19,7 @@ PLUGINS: list[str] = [
     "app.datasets.cli",
     "app.adapters.cli",
     "app.privacy.cli",
+    "app.loop.cli",
 ]
 
 # `cft worker NAME`: each module has `add_arguments(parser)` and `run(args) -> int`.
@@ -29,6 +30,7 @@ WORKERS: dict[str, str] = {
     "experiments": "workers.experiments.worker",
     "reconcile": "workers.reconciler.cli",
     "eval": "workers.evaluator.cli",
+    "loop": "workers.loop.worker",
 }
 
 

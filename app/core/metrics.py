@@ -101,6 +101,28 @@ LOG_QUEUE_DEPTH = Gauge(
 )
 
 
+# The loop (issue 20): `cft worker loop` serves these with --metrics-port.
+LOOP_CYCLES_STARTED = Counter(
+    "cft_loop_cycles_started_total",
+    "Loop cycles started, by trigger",
+    ["trigger"],
+    registry=REGISTRY,
+)
+LOOP_CYCLES_FINISHED = Counter(
+    "cft_loop_cycles_finished_total",
+    "Loop cycles finished, by outcome (promoted, rejected, rolled_back, failed)",
+    ["outcome"],
+    registry=REGISTRY,
+)
+LOOP_STATE_SECONDS = Histogram(
+    "cft_loop_state_duration_seconds",
+    "Time a loop cycle spent in a state (from entering it to leaving it)",
+    ["state"],
+    registry=REGISTRY,
+    buckets=(1, 5, 15, 30, 60, 120, 300, 600, 1800, 3600, 4 * 3600, 24 * 3600, 7 * 24 * 3600),
+)
+
+
 @lru_cache(maxsize=4096)
 def _child(metric: Any, labels: tuple[str, ...]) -> Any:
     return metric.labels(*labels)

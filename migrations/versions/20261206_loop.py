@@ -541,8 +541,9 @@ COMMENT ON FUNCTION loop.triggers(text) IS
   'The live value of every loop trigger of a route (forget, decline, drift, volume, schedule).';
 
 -- Limits of the loop: what holds a triggered cycle back. One row per limit with blocking = true
--- when it holds now; a forget cycle (the prod must be replaced) is not held by the rate limits
--- (forget_bypasses), only by the switches, the one-cycle rule and the training capacity.
+-- when it holds now; a forget cycle (the prod must be replaced) is not held by min_interval or
+-- the cool-down (forget_bypasses), only by the switches, the one-cycle rule, max cycles per day
+-- (so a replacement the gate keeps refusing does not retrain without end) and the capacity.
 CREATE OR REPLACE FUNCTION loop.limits(p_route text)
 RETURNS TABLE (limit_name text, blocking boolean, value float8, threshold float8,
                forget_bypasses boolean, line text)
@@ -589,7 +590,7 @@ BEGIN
      CASE WHEN v_active IS NOT NULL THEN format('cycle %s is in flight', v_active)
           ELSE 'no cycle in flight' END),
     ('max_cycles_per_day', v_day >= p.max_cycles_per_day, v_day::float8, p.max_cycles_per_day::float8,
-     true, format('%s of %s cycles in the last 24 h', v_day, p.max_cycles_per_day)),
+     false, format('%s of %s cycles in the last 24 h', v_day, p.max_cycles_per_day)),
     ('min_interval', coalesce(v_last > now() - p.min_interval, false),
      extract(epoch FROM now() - v_last)::float8, extract(epoch FROM p.min_interval)::float8, true,
      CASE WHEN v_last IS NULL THEN 'no cycle yet'

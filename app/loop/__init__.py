@@ -1,0 +1,1 @@
+"""The loop: per-route policy, triggers, cycles from traffic to a promoted adapter (issue 20)."""

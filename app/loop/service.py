@@ -1,0 +1,181 @@
+"""Loop rules for people: read and write a route's policy, the kill switch, cycles.
+
+The loop's logic lives in SQL (sql/loop/): triggers, limits, verdicts; this module calls it in
+the caller's transaction (scoped to a tenant for the API, the owner for the CLI)."""
+
+from __future__ import annotations
+
+import math
+from datetime import timedelta
+from decimal import Decimal
+from typing import Any
+
+import psycopg
+from psycopg import sql
+from psycopg.types.json import Jsonb
+
+from app.core.db import Connection
+from app.core.errors import BadRequest, NotFound, Unprocessable
+
+# The columns a policy write may name (loop.policy; route and tenant_id come from the path).
+POLICY_FIELDS = (
+    "enabled", "paused", "paused_reason", "method", "min_new_examples", "min_interval",
+    "max_interval", "decline_enabled", "decline_alpha", "decline_window", "decline_min_n",
+    "drift_enabled", "drift_distance", "drift_share", "drift_sample", "drift_min_n",
+    "max_cycles_per_day", "max_concurrent_training", "cooldown_after_reject", "canary_pct",
+    "canary_max_users", "canary_max_duration", "decision_metric", "decision_alpha",
+    "decision_min_n", "watch_window", "watch_alpha", "watch_min_n", "eval_timeout",
+    "memory_tight", "hyperparameters",
+)  # fmt: skip
+TERMINAL = ("promoted", "rejected", "rolled_back", "failed")
+CYCLE_LIST_COLUMNS = (
+    "id, route, state, trigger, method, decision, decision_code, decision_reason, waiting_for,"
+    " error, adapter_id, snapshot_id, training_run_id, attempts, created_at, finished_at"
+)
+
+
+def jsonable(value: Any) -> Any:
+    """Rows as JSON: intervals in seconds, numerics as floats, NaN as None."""
+    if isinstance(value, dict):
+        return {k: jsonable(v) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return [jsonable(v) for v in value]
+    if isinstance(value, timedelta):
+        return value.total_seconds()
+    if isinstance(value, Decimal):
+        return float(value)
+    if isinstance(value, float) and not math.isfinite(value):
+        return None
+    return value
+
+
+def _route_tenant(conn: Connection, route: str) -> int:
+    try:
+        with conn.transaction():
+            row = conn.execute("SELECT loop.route_tenant(%s) AS t", (route,)).fetchone()
+    except psycopg.errors.NoDataFound as exc:
+        raise NotFound(f"route {route!r} not found", code="route_not_found") from exc
+    assert row is not None
+    return int(row["t"])
+
+
+def get_policy(conn: Connection, *, route: str) -> dict[str, Any]:
+    """The route's effective policy (its row, or the defaults)."""
+    _route_tenant(conn, route)
+    row = conn.execute("SELECT * FROM loop.effective_policy(%s)", (route,)).fetchone()
+    assert row is not None
+    return jsonable(dict(row))  # type: ignore[no-any-return]
+
+
+def write_policy(
+    conn: Connection, *, route: str, fields: dict[str, Any], replace: bool, actor: str
+) -> dict[str, Any]:
+    """Write a route's policy: the named fields; with replace, every other field to its default."""
+    unknown = set(fields) - set(POLICY_FIELDS)
+    if unknown:
+        raise Unprocessable(f"unknown loop policy field(s): {', '.join(sorted(unknown))}")
+    tenant_id = _route_tenant(conn, route)
+    values = {k: Jsonb(v) if k == "hyperparameters" else v for k, v in fields.items()}
+    cols = list(values)
+    reset = [f for f in POLICY_FIELDS if f not in values] if replace else []
+    insert_cols = [sql.Identifier(c) for c in ("route", "tenant_id", "updated_by", *cols)]
+    updates: list[sql.Composable] = [
+        sql.SQL("{0} = EXCLUDED.{0}").format(sql.Identifier(c)) for c in cols
+    ]
+    updates += [sql.SQL("{0} = DEFAULT").format(sql.Identifier(c)) for c in reset]
+    updates.append(sql.SQL("updated_by = EXCLUDED.updated_by"))
+    query = sql.SQL(
+        "INSERT INTO loop.policy ({cols}) VALUES ({vals}) ON CONFLICT (route) DO UPDATE SET {upd}"
+    ).format(
+        cols=sql.SQL(", ").join(insert_cols),
+        vals=sql.SQL(", ").join(sql.Placeholder() for _ in insert_cols),
+        upd=sql.SQL(", ").join(updates),
+    )
+    try:
+        with conn.transaction():
+            conn.execute(query, (route, tenant_id, actor, *values.values()))
+    except (psycopg.errors.CheckViolation, psycopg.errors.NotNullViolation) as exc:
+        message = exc.diag.message_primary or str(exc)
+        raise Unprocessable(f"loop policy refused: {message}", code="invalid_policy") from exc
+    except psycopg.errors.DataError as exc:
+        raise Unprocessable(f"loop policy refused: {exc.diag.message_primary}") from exc
+    return get_policy(conn, route=route)
+
+
+def triggers(conn: Connection, *, route: str) -> list[dict[str, Any]]:
+    """The live value of every trigger of the route."""
+    rows = conn.execute("SELECT * FROM loop.triggers(%s)", (route,)).fetchall()
+    return [jsonable(dict(r)) for r in rows]
+
+
+def limits(conn: Connection, *, route: str) -> list[dict[str, Any]]:
+    """Every limit of the route now (blocking = it holds a new cycle back)."""
+    rows = conn.execute("SELECT * FROM loop.limits(%s)", (route,)).fetchall()
+    return [jsonable(dict(r)) for r in rows]
+
+
+def get_control(conn: Connection) -> dict[str, Any]:
+    """The kill switch and the platform caps."""
+    row = conn.execute(
+        "SELECT paused, reason, changed_by, changed_at, max_concurrent_training FROM loop.control"
+    ).fetchone()
+    assert row is not None
+    return dict(row)
+
+
+def set_control(
+    conn: Connection, *, paused: bool, reason: str | None, actor: str
+) -> dict[str, Any]:
+    """Stop (paused) or resume every loop cycle from starting."""
+    try:
+        with conn.transaction():
+            conn.execute("SELECT loop.set_control(%s, %s, %s)", (paused, reason, actor))
+    except psycopg.errors.InvalidParameterValue as exc:
+        raise BadRequest(str(exc.diag.message_primary), code="reason_required") from exc
+    return get_control(conn)
+
+
+def list_cycles(conn: Connection, *, route: str, limit: int = 20) -> list[dict[str, Any]]:
+    """The route's cycles, newest first."""
+    rows = conn.execute(
+        f"SELECT {CYCLE_LIST_COLUMNS} FROM loop.cycle WHERE route = %s ORDER BY id DESC LIMIT %s",
+        (route, limit),
+    ).fetchall()
+    return [jsonable(dict(r)) for r in rows]
+
+
+def get_cycle(conn: Connection, *, cycle_id: int) -> dict[str, Any] | None:
+    """One cycle with its transitions, or None."""
+    row = conn.execute("SELECT * FROM loop.cycle WHERE id = %s", (cycle_id,)).fetchone()
+    if row is None:
+        return None
+    events = conn.execute(
+        "SELECT id, from_state, to_state, worker_id, inputs, note, at FROM loop.cycle_event"
+        " WHERE cycle_id = %s ORDER BY id",
+        (cycle_id,),
+    ).fetchall()
+    return jsonable(dict(row) | {"events": [dict(e) for e in events]})  # type: ignore[no-any-return]
+
+
+def get_cycle_or_raise(conn: Connection, *, cycle_id: int) -> dict[str, Any]:
+    """One cycle, or NotFound."""
+    row = get_cycle(conn, cycle_id=cycle_id)
+    if row is None:
+        raise NotFound(f"loop cycle {cycle_id} not found", code="cycle_not_found")
+    return row
+
+
+def status(conn: Connection, *, route: str) -> dict[str, Any]:
+    """Everything about a route's loop: policy, triggers, limits, current cycle, history."""
+    policy = get_policy(conn, route=route)
+    cycles = list_cycles(conn, route=route)
+    current = next((c for c in cycles if c["state"] not in TERMINAL), None)
+    return {
+        "route": route,
+        "policy": policy,
+        "control": jsonable(get_control(conn)),
+        "triggers": triggers(conn, route=route),
+        "limits": limits(conn, route=route),
+        "current_cycle": current,
+        "cycles": cycles,
+    }

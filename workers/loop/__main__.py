@@ -1,0 +1,5 @@
+"""`python -m workers.loop`."""
+
+from workers.loop.worker import main
+
+raise SystemExit(main())
