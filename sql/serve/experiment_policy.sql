@@ -8,28 +8,64 @@ CREATE TABLE serve.experiment_policy (
   alpha                 float8 NOT NULL DEFAULT 0.05 CHECK (alpha > 0 AND alpha < 0.5),
   min_n                 int NOT NULL DEFAULT 1000 CHECK (min_n >= 2),
   window_size           interval NOT NULL DEFAULT '7 days' CHECK (window_size > interval '0'),
-  guard_regen           boolean NOT NULL DEFAULT true,
   max_ttft_p95_increase float8 CHECK (max_ttft_p95_increase IS NULL OR max_ttft_p95_increase >= 0)
                         DEFAULT 0.10,
   rollback_enabled      boolean NOT NULL DEFAULT true,
   created_at            timestamptz NOT NULL DEFAULT now(),
   updated_at            timestamptz NOT NULL DEFAULT now(),
+  -- issue 21: the sequential decision rule, its budget, the guards and the watch after promotion
+  mixture_sd            float8 CHECK (mixture_sd > 0),
+  max_n_per_arm         bigint CHECK (max_n_per_arm >= 2),
+  max_duration          interval DEFAULT '14 days' CHECK (max_duration > interval '0'),
+  guard_regen_margin    float8 DEFAULT 0.02 CHECK (guard_regen_margin >= 0),
+  guard_thumbs_down_margin float8 DEFAULT 0.02 CHECK (guard_thumbs_down_margin >= 0),
+  guard_error_margin    float8 DEFAULT 0.01 CHECK (guard_error_margin >= 0),
+  guard_tokens_out_margin float8 DEFAULT 0.25 CHECK (guard_tokens_out_margin >= 0),
+  watch_window          interval NOT NULL DEFAULT '3 days' CHECK (watch_window > interval '0'),
   FOREIGN KEY (route, tenant_id) REFERENCES serve.route (name, tenant_id) ON DELETE CASCADE
 );
 COMMENT ON TABLE serve.experiment_policy IS
   'Automatic promotion/rollback of a route''s canaries from live traffic (serve.experiment_autopolicy).';
 COMMENT ON COLUMN serve.experiment_policy.enabled IS 'Off by default: nothing happens until it is true.';
-COMMENT ON COLUMN serve.experiment_policy.metric IS 'The metric of obs.experiment_compare that decides.';
-COMMENT ON COLUMN serve.experiment_policy.alpha IS 'Significance level: act only when p < alpha.';
+COMMENT ON COLUMN serve.experiment_policy.metric IS
+  'The primary metric: its always-valid test (obs.sequential_compare) decides promote or retire.';
+COMMENT ON COLUMN serve.experiment_policy.alpha IS
+  'Error bound of every automatic decision: the always-valid (mSPRT) test acts when its p-value '
+  '<= alpha, which keeps the false-positive rate <= alpha however often the policy checks.';
 COMMENT ON COLUMN serve.experiment_policy.min_n IS
-  'Minimum sample per arm, in the metric''s unit (rated rows for feedback metrics, rows otherwise).';
-COMMENT ON COLUMN serve.experiment_policy.window_size IS 'Traffic window the decision looks at.';
-COMMENT ON COLUMN serve.experiment_policy.guard_regen IS
-  'Never promote a canary whose regeneration rate is significantly higher than prod''s.';
+  'Floor: no decision before both arms have this sample, in the metric''s unit (rated rows for '
+  'feedback metrics, rows otherwise); it keeps the plug-in variances of the test honest.';
+COMMENT ON COLUMN serve.experiment_policy.window_size IS
+  'Window of the fixed-horizon numbers shown with a decision (obs.experiment_compare), for '
+  'reading only: the decision itself uses all the canary''s traffic since its first row.';
 COMMENT ON COLUMN serve.experiment_policy.max_ttft_p95_increase IS
-  'Never promote a canary whose ttft p95 exceeds prod''s by more than this share (NULL = no guard).';
+  'Guard: the canary''s ttft p95 may exceed prod''s by at most this share (default 10 %); tripped '
+  'when its share of rows above prod p95 x (1 + this) is significantly above 5 % (NULL = guard off).';
 COMMENT ON COLUMN serve.experiment_policy.rollback_enabled IS
-  'Retire a canary that is significantly worse on the metric (or on regeneration).';
+  'Retire a canary that loses, breaks a guard or runs out of budget, and roll back a new prod '
+  'that breaks a guard during watch_window (serve.rollback); off = record the decision only.';
+COMMENT ON COLUMN serve.experiment_policy.mixture_sd IS
+  'tau of the primary metric''s mSPRT: the effect size the test is tuned for (NULL = 0.05 for '
+  'rates, 0.1 for feedback_mean). Fixed before the data; any value keeps the error bound.';
+COMMENT ON COLUMN serve.experiment_policy.max_n_per_arm IS
+  'Sample budget: a canary undecided once both arms have this many (metric unit) is retired '
+  '(NULL = no sample budget).';
+COMMENT ON COLUMN serve.experiment_policy.max_duration IS
+  'Time budget: a canary undecided this long after its first row is retired (default 14 days; '
+  'NULL = none).';
+COMMENT ON COLUMN serve.experiment_policy.guard_regen_margin IS
+  'Guard: regeneration rate may rise by at most this (absolute, default 2 points; NULL = off).';
+COMMENT ON COLUMN serve.experiment_policy.guard_thumbs_down_margin IS
+  'Guard: thumbs-down rate of rated rows may rise by at most this (default 2 points; NULL = off).';
+COMMENT ON COLUMN serve.experiment_policy.guard_error_margin IS
+  'Guard: share of rows with status error or partial may rise by at most this (default 1 point; '
+  'NULL = off).';
+COMMENT ON COLUMN serve.experiment_policy.guard_tokens_out_margin IS
+  'Guard: mean answer length (tokens_out) may change by at most this share of prod''s, either '
+  'way (default 25 %; NULL = off).';
+COMMENT ON COLUMN serve.experiment_policy.watch_window IS
+  'After a promotion, serve.watch_decision compares the new prod with the prod it replaced on '
+  'the guards for this long (the previous prod''s baseline: the same length before promotion).';
 
 CREATE TABLE serve.experiment_decision (
   id          bigint GENERATED ALWAYS AS IDENTITY PRIMARY KEY,
@@ -54,10 +90,14 @@ COMMENT ON TABLE serve.experiment_decision IS
 COMMENT ON COLUMN serve.experiment_decision.action IS
   'promote (became prod through the gate), rollback (canary retired), hold (not yet), blocked (the gate refused).';
 COMMENT ON COLUMN serve.experiment_decision.code IS
-  'Why, as a stable code: promoted, rolled_back, insufficient_sample, not_significant, guard_regen, '
-  'guard_ttft_p95, gate_refused, no_control, control_not_prod.';
+  'Why, as a stable code: promoted, significantly_worse, budget_exhausted, guard_<guard> (regen, '
+  'thumbs_down, error, tokens_out, ttft_p95), insufficient_sample, not_significant, gate_refused, '
+  'no_control, control_not_prod; after a promotion watch_<code> of serve.watch_decision '
+  '(watch_guard_<guard> = rolled back), rollback_refused.';
 COMMENT ON COLUMN serve.experiment_decision.numbers IS
-  'The obs.experiment_compare rows (metric and guards) the decision was taken on.';
+  'The numbers of serve.canary_decision / serve.watch_decision: the primary metric''s always-valid '
+  'test, every guard with its margin, the sequential comparisons, the fixed-horizon row (reading '
+  'only) and the policy.';
 
 ALTER TABLE serve.experiment_policy ENABLE ROW LEVEL SECURITY;
 ALTER TABLE serve.experiment_decision ENABLE ROW LEVEL SECURITY;

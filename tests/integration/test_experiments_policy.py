@@ -64,7 +64,7 @@ def test_winning_canary_without_eval_results_is_not_promoted(conn: Any) -> None:
     [d] = _run(conn, w["route"])
     assert d["action"] == "blocked" and d["code"] == "gate_refused"
     assert "no eval results" in d["reason"]
-    assert d["numbers"]["metric"]["significant"] is True
+    assert d["numbers"]["primary"]["significant"] is True
     assert _status(conn, w["canary"]) == "canary" and _status(conn, w["prod"]) == "prod"
     # The same verdict again is returned but not recorded twice.
     [again] = _run(conn, w["route"])
@@ -82,16 +82,18 @@ def test_winning_canary_without_eval_results_is_not_promoted(conn: Any) -> None:
         " AND new_status = 'prod' ORDER BY id DESC LIMIT 1",
         (w["canary"],),
     ).fetchone()
-    assert event["reason"].startswith("auto-policy: canary significantly better: thumbs_up_rate")
+    assert event["reason"].startswith(
+        "auto-policy: canary significantly better (always valid): thumbs_up_rate"
+    )
     assert "p = " in event["reason"] and event["detail"]["gate"] == "promotion"
-    nums = d["numbers"]["metric"]
-    assert nums["p_value"] < 0.05 and nums["diff_ci_low"] > 0
+    nums = d["numbers"]["primary"]
+    assert nums["p_value"] < 0.05 and nums["ci_low"] > 0 and nums["test"] == "msprt_rate"
 
 
 def test_losing_canary_is_rolled_back_and_audited(conn: Any) -> None:
     w = _world(conn, p_canary=0.4, evals=True)
     [d] = _run(conn, w["route"])
-    assert d["action"] == "rollback" and d["code"] == "rolled_back"
+    assert d["action"] == "rollback" and d["code"] == "significantly_worse"
     assert _status(conn, w["canary"]) == "retired" and _status(conn, w["prod"]) == "prod"
     reason = conn.execute(
         "SELECT reason FROM serve.adapter_event WHERE adapter_id = %s ORDER BY id DESC LIMIT 1",
@@ -103,7 +105,7 @@ def test_losing_canary_is_rolled_back_and_audited(conn: Any) -> None:
 def test_no_effect_holds_and_disabled_policy_does_nothing(conn: Any) -> None:
     w = _world(conn, p_canary=0.5, evals=True)
     [d] = _run(conn, w["route"])
-    assert d["action"] == "hold" and d["code"] in ("not_significant",)
+    assert d["action"] == "hold" and d["code"] == "not_significant"
     assert _status(conn, w["canary"]) == "canary"
     conn.execute("UPDATE serve.experiment_policy SET min_n = 100000")
     [d] = _run(conn, w["route"])
