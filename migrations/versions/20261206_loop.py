@@ -263,16 +263,24 @@ CREATE TRIGGER loop_eval_request_notify AFTER UPDATE OF status ON train.eval_req
 -- A one-sided two-proportion z-test (pooled standard error): the p-value of "rate 2 > rate 1".
 CREATE OR REPLACE FUNCTION loop.prop_test(x1 bigint, n1 bigint, x2 bigint, n2 bigint)
 RETURNS TABLE (rate1 float8, rate2 float8, z float8, p_value float8)
-LANGUAGE sql IMMUTABLE AS $$
-  SELECT r1, r2, z, CASE WHEN z IS NOT NULL THEN 1 - stats.norm_cdf(z) END
-    FROM (SELECT r1, r2,
-                 CASE WHEN se > 0 THEN (r2 - r1) / se END AS z
-            FROM (SELECT x1::float8 / n1 AS r1, x2::float8 / n2 AS r2,
-                         sqrt(((x1 + x2)::float8 / (n1 + n2)) * (1 - (x1 + x2)::float8 / (n1 + n2))
-                              * (1.0 / n1 + 1.0 / n2)) AS se
-                   WHERE n1 > 0 AND n2 > 0) a) b
-  UNION ALL
-  SELECT NULL, NULL, NULL, NULL WHERE NOT (n1 > 0 AND n2 > 0)
+LANGUAGE plpgsql IMMUTABLE AS $$
+DECLARE
+  se float8;
+BEGIN
+  IF coalesce(n1, 0) <= 0 OR coalesce(n2, 0) <= 0 THEN
+    RETURN QUERY SELECT NULL::float8, NULL::float8, NULL::float8, NULL::float8;
+    RETURN;
+  END IF;
+  rate1 := x1::float8 / n1;
+  rate2 := x2::float8 / n2;
+  se := sqrt(((x1 + x2)::float8 / (n1 + n2)) * (1 - (x1 + x2)::float8 / (n1 + n2))
+             * (1.0 / n1 + 1.0 / n2));
+  IF se > 0 THEN
+    z := (rate2 - rate1) / se;
+    p_value := 1 - stats.norm_cdf(z);
+  END IF;
+  RETURN NEXT;
+END
 $$;
 
 -- Usable examples of each signal of a route created since p_since (and within the snapshots'
