@@ -141,7 +141,7 @@ def main(argv: list[str] | None = None) -> int:
     print()
     print("A/A (no effect): share of runs that ever declared a difference")
     print(
-        f"{'canary share':>12} {'min_n/arm':>9} | {'sequential':>10} {'±3 se':>6} | "
+        f"{'canary share':>12} {'min_n/arm':>9} | {'sequential':>10} {'3 se':>6} | "
         f"{'fixed, peeked':>13} {'ratio':>6} | {'fixed, last look only':>21}"
     )
     for share, min_n in ((0.5, 100), (0.5, 1000), (0.2, 100)):

@@ -1,4 +1,5 @@
-"""Experiment rules: read the SQL metrics (sql/functions/experiment_*.sql) and apply the policy.
+"""Experiment rules: read the SQL metrics (sql/obs/experiment_*.sql) and apply the policy
+(sql/serve/canary_decision.sql, sql/serve/experiment_autopolicy.sql).
 
 Every number comes from the database, so a dashboard can reproduce it with psql."""
 
@@ -99,7 +100,7 @@ def series(
 def verdicts(
     comparisons: list[dict[str, Any]], *, metric: str = "feedback_mean"
 ) -> list[dict[str, Any]]:
-    """One plain-words verdict per canary arm, on metric."""
+    """One plain-words verdict per canary arm, on metric (fixed-horizon: for reading only)."""
     out = []
     for c in comparisons:
         if c["metric"] != metric:
@@ -151,6 +152,20 @@ def metrics(
         "comparisons": cmp,
         "verdicts": verdicts(cmp),
     }
+
+
+def canary_decisions(conn: Connection, *, route: str) -> list[dict[str, Any]]:
+    """Always-valid decision per canary of a route (serve.canary_decision); reads only."""
+    rows = conn.execute("SELECT * FROM serve.canary_decision(%s)", (route,)).fetchall()
+    return list(rows)
+
+
+def watch_decision(
+    conn: Connection, *, route: str, window: timedelta | None = None
+) -> dict[str, Any] | None:
+    """The watch of a route's prod since its promotion (serve.watch_decision); reads only."""
+    row = conn.execute("SELECT * FROM serve.watch_decision(%s, %s)", (route, window)).fetchone()
+    return dict(row) if row is not None else None
 
 
 def run_policy(conn: Connection, *, route: str) -> list[dict[str, Any]]:

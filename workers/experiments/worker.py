@@ -1,5 +1,6 @@
 """`cft worker experiments` (or `python -m workers.experiments`): apply the live-traffic
-promotion policy of every enabled route."""
+promotion policy of every enabled route: always-valid decisions (serve.canary_decision,
+serve.watch_decision), so checking every --interval keeps their error bound."""
 
 from __future__ import annotations
 
@@ -32,7 +33,12 @@ def run_once(url: str) -> int:
                         if d["id"] is not None:
                             recorded += 1
                             log.info(
-                                "%s %s: %s (%s)", route, d["canary_id"], d["action"], d["reason"]
+                                "%s %s: %s %s (%s)",
+                                route,
+                                d["canary_id"],
+                                d["action"],
+                                d["code"],
+                                d["reason"],
                             )
             except Exception:
                 log.exception("experiment policy of route %s failed", route)
