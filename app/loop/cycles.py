@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -20,6 +21,11 @@ class Outcome:
     inputs: dict[str, Any] = field(default_factory=dict)
     note: str = ""
     delay_s: float = 0.0
+
+
+def _json(value: Any) -> Jsonb:
+    """jsonb of a step's values (timestamps and ids as text, as PostgreSQL reads them back)."""
+    return Jsonb(jsonable(value), dumps=lambda v: json.dumps(v, default=str))
 
 
 def _seconds(s: float) -> str:
@@ -50,7 +56,7 @@ def heartbeat(conn: Connection, *, cycle_id: int, worker_id: str, lease_s: float
 
 def apply(conn: Connection, *, cycle_id: int, worker_id: str, outcome: Outcome) -> dict[str, Any]:
     """Record a step's outcome (advance or wait); returns the cycle row after it."""
-    payload = Jsonb(jsonable(outcome.set))
+    payload = _json(outcome.set)
     if outcome.to is None:
         conn.execute(
             "SELECT loop.wait_cycle(%s, %s, %s::interval, %s, %s)",
@@ -59,7 +65,7 @@ def apply(conn: Connection, *, cycle_id: int, worker_id: str, outcome: Outcome) 
     else:
         conn.execute(
             "SELECT loop.advance_cycle(%s, %s, %s, %s, %s, %s)",
-            (cycle_id, worker_id, outcome.to, payload, Jsonb(jsonable(outcome.inputs)),
+            (cycle_id, worker_id, outcome.to, payload, _json(outcome.inputs),
              outcome.note or None),
         )  # fmt: skip
     row = conn.execute("SELECT * FROM loop.cycle WHERE id = %s", (cycle_id,)).fetchone()

@@ -24,6 +24,7 @@ from app.datasets import service as datasets
 from app.loop import cycles, decision
 from app.loop.cycles import Outcome
 from app.loop.method import SignalCounts, choose_method, hyperparameters
+from app.loop.service import jsonable
 from app.training import service as training
 from app.training.methods import Hyperparameters
 from app.training.schemas import TrainingRunCreate
@@ -338,8 +339,10 @@ STEPS: dict[str, Callable[[Connection, dict[str, Any]], Outcome]] = {
 
 
 def run_step(conn: Connection, c: dict[str, Any]) -> Outcome:
-    """The step of a claimed cycle's state."""
-    return STEPS[c["state"]](conn, c)
+    """The step of a claimed cycle's state, under the route's policy now (intervals in seconds;
+    the row keeps the policy it started under)."""
+    policy = conn.execute("SELECT * FROM loop.effective_policy(%s)", (c["route"],)).fetchone()
+    return STEPS[c["state"]](conn, c | {"policy": jsonable(dict(policy or {}))})
 
 
 def drive_one(conn: Connection, *, worker_id: str, lease_s: float) -> dict[str, Any] | None:

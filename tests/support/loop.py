@@ -74,7 +74,7 @@ def finish_eval(conn: Any, adapter_id: str, scores: dict[str, float]) -> None:
         suite, metric = key.split("/")
         conn.execute(
             "INSERT INTO train.eval_result (adapter_id, suite_id, metric, score, judge_model)"
-            " VALUES (%s, %s, %s, %s, 'cft-evaluator/test')",
+            " VALUES (%s, %s, %s, %s, NULL)",
             (adapter_id, suite, metric, score),
         )
     conn.execute(

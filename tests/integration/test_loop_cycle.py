@@ -1,0 +1,299 @@
+"""A loop cycle step by step on real rows, through the services REST uses: snapshot, training
+run (the trainer and evaluator simulated by what they write), gate, canary, decision, promotion,
+watch and rollback; resume after a lost lease, failure after max attempts; forgetting heals."""
+
+from __future__ import annotations
+
+import os
+import time
+from datetime import timedelta
+from typing import Any
+
+import psycopg
+import pytest
+from psycopg.rows import dict_row
+
+from app.loop import steps
+from tests.support.factories import make_adapter, make_log, make_route, make_tenant
+from tests.support.loop import finish_eval, finish_training, make_due, refresh, set_policy, user
+
+SUITE = "house-style/pass_rate"
+
+
+@pytest.fixture
+def work(db_url: str) -> Any:
+    """A transaction-mode connection, as the loop worker uses."""
+    with psycopg.connect(db_url, row_factory=dict_row) as c:
+        yield c
+
+
+def drive(work: Any, conn: Any, cycle_id: int) -> dict[str, Any]:
+    make_due(conn, cycle_id)
+    got = steps.drive_one(work, worker_id="w1", lease_s=60)
+    assert got is not None and got["id"] == cycle_id
+    return got
+
+
+def world(conn: Any, **policy: Any) -> tuple[Any, Any, Any]:
+    t = make_tenant(conn)
+    r = make_route(conn, tenant_id=t["id"])
+    prod = make_adapter(conn, route=r, status="prod", traffic_pct=100)
+    finish_eval(conn, prod["id"], {SUITE: 0.5})
+    set_policy(conn, r, **({"min_new_examples": 3, "decision_min_n": 20, "canary_pct": 20,
+                            "watch_min_n": 20} | policy))  # fmt: skip
+    for i in range(4):
+        make_log(conn, tenant_id=t["id"], route=r["name"], fb_edited=True, user_hash=user(f"u{i}"),
+                 messages=[{"role": "user", "content": f"how do I {i}?"}],
+                 edited_completion=f"Like this: {i}.")  # fmt: skip
+    refresh(conn)
+    return t, r, prod
+
+
+def evaluate(conn: Any, c: dict[str, Any], pass_rate: float, loss: float = 1.0) -> None:
+    """The evaluator's rows: the task suite and the held-out loss of the candidate's split (for
+    the prod too, like for like)."""
+    heldout = f"heldout:{c['snapshot_id']}/loss"
+    finish_eval(conn, c["adapter_id"], {SUITE: pass_rate, heldout: loss})
+    prod = conn.execute(
+        "SELECT id FROM serve.adapter WHERE route = %s AND status = 'prod'", (c["route"],)
+    ).fetchone()
+    if prod:
+        conn.execute(
+            "INSERT INTO train.eval_result (adapter_id, suite_id, metric, score, judge_model)"
+            " VALUES (%s, %s, 'loss', 1.0, NULL)",
+            (prod["id"], heldout.split("/")[0]),
+        )
+
+
+def to_deciding(conn: Any, work: Any, r: Any) -> dict[str, Any]:
+    (c,) = conn.execute("SELECT * FROM loop.start_due_cycles()").fetchall()
+    assert drive(work, conn, c["id"])["state"] == "snapshot"
+    c = drive(work, conn, c["id"])
+    assert c["state"] == "training" and c["method"] == "sft" and c["n_train"] >= 1, c
+    assert c["hyperparameters"]["epochs"] == 3
+    c = drive(work, conn, c["id"])  # enqueues the run, waits
+    assert c["state"] == "training" and c["training_run_id"] is not None
+    run = conn.execute(
+        "SELECT * FROM train.training_run WHERE id = %s", (c["training_run_id"],)
+    ).fetchone()
+    assert run["snapshot_id"] == c["snapshot_id"] and run["created_by"] == f"loop cycle {c['id']}"
+    c = drive(work, conn, c["id"])  # still training: the same run, no second one
+    assert conn.execute("SELECT count(*) AS n FROM train.training_run").fetchone()["n"] == 1
+    adapter = finish_training(conn, c["training_run_id"])
+    c = drive(work, conn, c["id"])
+    assert (c["state"], c["adapter_id"]) == ("evaluating", adapter)
+    c = drive(work, conn, c["id"])
+    assert c["state"] == "evaluating" and "evaluator" in c["waiting_for"]
+    evaluate(conn, c, 0.9)
+    c = drive(work, conn, c["id"])
+    assert c["state"] == "canary" and c["blockers"] == [], (c["decision_reason"], c["error"])
+    c = drive(work, conn, c["id"])
+    assert c["state"] == "deciding" and float(c["canary_pct"]) == 20
+    a = conn.execute(
+        "SELECT status, traffic_pct FROM serve.adapter WHERE id = %s", (adapter,)
+    ).fetchone()
+    assert a["status"] == "canary" and float(a["traffic_pct"]) == 20
+    return c
+
+
+def arm(
+    conn: Any, t: Any, r: Any, adapter: str, variant: str, up: int, down: int, **over: Any
+) -> None:
+    for i in range(up + down):
+        make_log(conn, tenant_id=t["id"], route=r["name"], adapter_id=adapter, experiment=r["name"],
+                 variant=variant, fb_explicit=1 if i < up else -1,
+                 user_hash=user(f"{adapter}-{i}"), **over)  # fmt: skip
+
+
+def test_a_cycle_goes_from_traffic_to_a_watched_promotion(conn, work):
+    t, r, prod = world(conn)
+    c = to_deciding(conn, work, r)
+    c = drive(work, conn, c["id"])
+    assert c["state"] == "deciding" and c["waiting_for"].startswith("no comparable traffic")
+    arm(conn, t, r, prod["id"], "A", 8, 22)
+    arm(conn, t, r, c["adapter_id"], "B", 27, 3)
+    c = drive(work, conn, c["id"])
+    assert c["state"] == "watching", c
+    assert (c["decision"], c["decision_code"]) == ("promote", "better")
+    assert c["previous_prod_id"] == prod["id"] and c["experiment"]["metric"]["significant"]
+    ev = conn.execute(
+        "SELECT reason FROM serve.adapter_event WHERE adapter_id = %s AND new_status = 'prod'",
+        (c["adapter_id"],),
+    ).fetchone()
+    assert ev["reason"].startswith(f"loop cycle {c['id']}: canary significantly better")
+    c = drive(work, conn, c["id"])
+    assert c["state"] == "watching" and c["waiting_for"].startswith("guards hold")
+    conn.execute("UPDATE loop.cycle SET watch_until = now() - interval '1 second'")
+    c = drive(work, conn, c["id"])
+    assert c["state"] == "promoted" and c["finished_at"] is not None
+    steps_seen = {row["step"] for row in conn.execute(
+        "SELECT step FROM loop.provenance(%s)", (c["adapter_id"],))}  # fmt: skip
+    assert {
+        "adapter",
+        "cycle",
+        "trigger",
+        "snapshot",
+        "example",
+        "log_row",
+        "eval",
+        "gate",
+        "experiment",
+        "decision",
+        "watch",
+        "cycle_event",
+        "adapter_event",
+    } <= steps_seen
+    states = [e["to_state"] for e in conn.execute(
+        "SELECT to_state FROM loop.cycle_event WHERE cycle_id = %s ORDER BY id", (c["id"],))]  # fmt: skip
+    assert states == ["triggered", "snapshot", "training", "evaluating", "canary", "deciding",
+                      "watching", "promoted"]  # fmt: skip
+
+
+def test_a_guard_regression_after_promotion_rolls_back(conn, work):
+    t, r, prod = world(conn)
+    c = to_deciding(conn, work, r)
+    arm(conn, t, r, prod["id"], "A", 8, 22)
+    arm(conn, t, r, c["adapter_id"], "B", 27, 3)
+    c = drive(work, conn, c["id"])
+    assert c["state"] == "watching"
+    # After the promotion, users regenerate half of the new prod's answers (none before).
+    for i in range(30):
+        make_log(conn, tenant_id=t["id"], route=r["name"], adapter_id=c["adapter_id"],
+                 fb_regen=i % 2 == 0)  # fmt: skip
+    c = drive(work, conn, c["id"])
+    assert c["state"] == "rolled_back" and c["decision"] == "rollback", c
+    assert c["decision_code"] == "guard_regen_rate" and c["watch"]["regen_rate"]["p_value"] < 0.01
+    now = conn.execute("SELECT id FROM serve.adapter WHERE route = %s AND status = 'prod'",
+                       (r["name"],)).fetchone()  # fmt: skip
+    assert now["id"] == prod["id"]
+    reasons = [e["reason"] for e in conn.execute(
+        "SELECT reason FROM serve.adapter_event WHERE adapter_id = %s ORDER BY id", (c["adapter_id"],))]  # fmt: skip
+    assert any(f"loop cycle {c['id']}: guard regen_rate regressed" in (x or "") for x in reasons)
+
+
+def test_a_canary_that_loses_is_retired(conn, work):
+    t, r, prod = world(conn)
+    c = to_deciding(conn, work, r)
+    arm(conn, t, r, prod["id"], "A", 27, 3)
+    arm(conn, t, r, c["adapter_id"], "B", 8, 22)
+    c = drive(work, conn, c["id"])
+    assert (c["state"], c["decision"], c["decision_code"]) == ("rejected", "retire", "worse")
+    a = conn.execute(
+        "SELECT status FROM serve.adapter WHERE id = %s", (c["adapter_id"],)
+    ).fetchone()
+    assert a["status"] == "retired"
+
+
+def test_the_gate_rejects_a_worse_candidate_before_any_canary(conn, work):
+    _, _r, _ = world(conn)
+    (c,) = conn.execute("SELECT * FROM loop.start_due_cycles()").fetchall()
+    for _ in range(3):
+        c = drive(work, conn, c["id"])
+    finish_training(conn, c["training_run_id"])
+    c = drive(work, conn, c["id"])
+    evaluate(conn, c, 0.2)
+    c = drive(work, conn, c["id"])
+    assert (c["state"], c["decision"], c["decision_code"]) == ("rejected", "reject", "gate")
+    assert "regression" in c["decision_reason"]
+
+
+def test_a_lost_lease_resumes_in_the_stored_state_then_fails_readably(conn, work):
+    _, _r, _ = world(conn)
+    (c,) = conn.execute("SELECT * FROM loop.start_due_cycles()").fetchall()
+    drive(work, conn, c["id"])  # -> snapshot
+    conn.execute("UPDATE loop.cycle SET max_attempts = 2")
+    # Worker "dead" claims it and stops (as if SIGKILLed mid-step): nothing of its step commits.
+    dead = conn.execute("SELECT * FROM loop.claim_cycle('dead', '0.2 seconds')").fetchone()
+    assert dead["state"] == "snapshot"
+    assert conn.execute("SELECT * FROM loop.claim_cycle('w1', '1 minute')").fetchone() is None
+    time.sleep(0.3)
+    c = steps.drive_one(work, worker_id="w1", lease_s=0.2)
+    assert c is not None and c["state"] == "training" and c["attempts"] == 1
+    assert "worker dead stopped in state snapshot" in c["error"]
+    assert conn.execute("SELECT count(*) AS n FROM train.dataset_snapshot").fetchone()["n"] == 1
+    # The next holder dies too: max_attempts (2) reached, the cycle fails and says why.
+    make_due(conn, c["id"])
+    conn.execute("SELECT * FROM loop.claim_cycle('dead2', '0.1 seconds')")
+    time.sleep(0.2)
+    assert conn.execute("SELECT * FROM loop.claim_cycle('w1', '1 minute')").fetchone() is None
+    c = conn.execute("SELECT * FROM loop.cycle WHERE id = %s", (c["id"],)).fetchone()
+    assert c["state"] == "failed"
+    assert c["error"].startswith("worker dead2 stopped in state training")
+    assert "gave up after 2 attempts" in c["error"]
+
+
+def test_a_sigkilled_worker_process_leaves_the_cycle_to_the_next(conn, db_url, work):
+    import signal
+    import subprocess
+    import sys
+
+    _, _r, _ = world(conn)
+    (_c,) = conn.execute("SELECT * FROM loop.start_due_cycles()").fetchall()
+    code = (
+        "import psycopg, time; from psycopg.rows import dict_row\n"
+        f"c = psycopg.connect({db_url!r}, autocommit=True, row_factory=dict_row)\n"
+        "c.execute(\"SELECT * FROM loop.claim_cycle('victim', '1 second')\")\n"
+        "print('claimed', flush=True); time.sleep(60)\n"
+    )
+    p = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True)
+    assert p.stdout is not None and p.stdout.readline().strip() == "claimed"
+    os.kill(p.pid, signal.SIGKILL)
+    p.wait()
+    time.sleep(1.1)
+    got = steps.drive_one(work, worker_id="w1", lease_s=60)
+    assert got is not None and got["state"] == "snapshot" and got["attempts"] == 1
+    assert "worker victim stopped in state triggered" in got["error"]
+
+
+def test_forgetting_heals_the_prod(conn, work):
+    t = make_tenant(conn)
+    r = make_route(conn, tenant_id=t["id"])
+    set_policy(conn, r, min_new_examples=1000, watch_window=timedelta(hours=1))
+    logs = [make_log(conn, tenant_id=t["id"], route=r["name"], fb_edited=True,
+                     user_hash=user("gone" if i < 2 else f"keep{i}"),
+                     messages=[{"role": "user", "content": f"question {i}?"}],
+                     edited_completion=f"answer {i}.") for i in range(6)]  # fmt: skip
+    gone = {x["id"] for x in logs[:2]}
+    refresh(conn)
+    with conn.transaction():
+        snap = conn.execute(
+            "SELECT * FROM train.create_snapshot(%s, %s, 'sft')", (t["id"], r["name"])
+        ).fetchone()
+    prod = make_adapter(
+        conn, route=r, status="prod", traffic_pct=100, dataset_snapshot_id=snap["id"]
+    )
+    finish_eval(conn, prod["id"], {SUITE: 0.6})
+    with conn.transaction():
+        conn.execute("SELECT set_config('cft.tenant_id', %s, true)", (str(t["id"]),))
+        conn.execute("SELECT * FROM auth.forget_user(%s)", (user("gone"),))
+    assert conn.execute("SELECT tainted_at FROM serve.adapter WHERE id = %s",
+                        (prod["id"],)).fetchone()["tainted_at"] is not None  # fmt: skip
+    (c,) = conn.execute("SELECT * FROM loop.start_due_cycles()").fetchall()
+    assert c["trigger"] == "forget" and c["forget_request_id"] is not None
+    c = drive(work, conn, c["id"])
+    assert c["method"] == "sft" and c["method_reason"].startswith("forget")
+    c = drive(work, conn, c["id"])
+    ids = {i for row in conn.execute(
+        "SELECT log_ids FROM train.dataset_example WHERE snapshot_id = %s", (c["snapshot_id"],))
+        for i in row["log_ids"]}  # fmt: skip
+    assert ids and not ids & gone
+    c = drive(work, conn, c["id"])
+    adapter = finish_training(conn, c["training_run_id"])
+    c = drive(work, conn, c["id"])
+    evaluate(conn, c, 0.6)
+    c = drive(work, conn, c["id"])
+    assert c["state"] == "canary"
+    c = drive(work, conn, c["id"])  # a forget cycle replaces the tainted prod at once
+    assert c["state"] == "watching" and c["decision_code"] == "forget", c
+    rows = {a["id"]: a["status"] for a in conn.execute(
+        "SELECT id, status FROM serve.adapter WHERE route = %s", (r["name"],))}  # fmt: skip
+    assert rows == {prod["id"]: "retired", adapter: "prod"}
+    ev = conn.execute(
+        "SELECT inputs FROM loop.cycle_event WHERE cycle_id = %s AND to_state = 'watching'",
+        (c["id"],),
+    ).fetchone()
+    assert ev["inputs"]["forget_to_live_s"] >= 0
+    prov = conn.execute(
+        "SELECT detail FROM loop.provenance(%s) WHERE step = 'log_row'", (adapter,)
+    ).fetchall()
+    assert prov and all(int(p["detail"]["user_hash"] != user("gone").hex()) for p in prov)
