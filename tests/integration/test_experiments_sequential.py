@@ -16,8 +16,9 @@ from tests.support.traffic import make_traffic
 def _evals(conn: Any, *ids: str) -> None:
     for adapter_id in ids:
         conn.execute(
-            "INSERT INTO train.eval_result (adapter_id, suite_id, metric, score, judge_model)"
-            " VALUES (%s, 'golden', 'accuracy', 0.8, 'judge')",
+            # Scored without a judge: a judge-scored required metric needs a calibrated judge.
+            "INSERT INTO train.eval_result (adapter_id, suite_id, metric, score)"
+            " VALUES (%s, 'golden', 'accuracy', 0.8)",
             (adapter_id,),
         )
 
