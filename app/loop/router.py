@@ -13,23 +13,23 @@ from app.loop.schemas import ControlIn, CycleOut, LoopPolicyIn, LoopStatusOut
 router = APIRouter(tags=["loop"])
 
 
-@router.put("/v1/routes/{route}/loop")
-def put_loop(route: str, body: LoopPolicyIn, conn: TenantConn, key: TrainerKey) -> LoopStatusOut:
+@router.put("/v1/routes/{name}/loop")
+def put_loop(name: str, body: LoopPolicyIn, conn: TenantConn, key: TrainerKey) -> LoopStatusOut:
     """Set the route's loop policy: the fields given, every other field to its default."""
     loop.write_policy(
         conn,
-        route=route,
+        route=name,
         fields=body.model_dump(exclude_unset=True),
         replace=True,
         actor=f"key {key.prefix}",
     )
-    return LoopStatusOut(**loop.status(conn, route=route))
+    return LoopStatusOut(**loop.status(conn, route=name))
 
 
-@router.get("/v1/routes/{route}/loop")
-def get_loop(route: str, conn: TenantConn, key: ReaderKey) -> LoopStatusOut:
+@router.get("/v1/routes/{name}/loop")
+def get_loop(name: str, conn: TenantConn, key: ReaderKey) -> LoopStatusOut:
     """The route's loop: policy, the live value of every trigger and limit, cycles."""
-    return LoopStatusOut(**loop.status(conn, route=route))
+    return LoopStatusOut(**loop.status(conn, route=name))
 
 
 @router.get("/v1/loop/cycles/{cycle_id}")

@@ -14,6 +14,9 @@ CREATE POLICY tenant_isolation ON loop.cycle_event TO cft_app
 CREATE POLICY read_all ON loop.policy FOR SELECT TO cft_dashboard, cft_release USING (true);
 CREATE POLICY read_all ON loop.cycle FOR SELECT TO cft_dashboard, cft_release USING (true);
 CREATE POLICY read_all ON loop.cycle_event FOR SELECT TO cft_dashboard, cft_release USING (true);
+-- One row, the same for every tenant: readable by all, written only through loop.set_control.
+ALTER TABLE loop.control ENABLE ROW LEVEL SECURITY;
+CREATE POLICY read_all ON loop.control FOR SELECT TO cft_app, cft_dashboard, cft_release USING (true);
 
 -- The kill switch: who and why are kept with it.
 CREATE OR REPLACE FUNCTION loop.set_control(p_paused boolean, p_reason text, p_by text)
@@ -36,7 +39,8 @@ GRANT USAGE ON SCHEMA loop TO cft_app, cft_release, cft_dashboard;
 GRANT SELECT, INSERT, UPDATE ON loop.policy TO cft_app;
 GRANT SELECT ON loop.cycle, loop.cycle_event, loop.control TO cft_app;
 GRANT SELECT ON loop.policy, loop.cycle, loop.cycle_event, loop.control TO cft_release, cft_dashboard;
--- Owner-rights functions: for the roles of the platform, not PUBLIC.
+-- Owner-rights functions: for the API role (and release managers), not PUBLIC; the read-only
+-- dashboard role runs no owner-rights function (it reads the loop's tables directly).
 REVOKE EXECUTE ON FUNCTION loop.route_tenant(text), loop.effective_policy(text),
   loop.signal_counts(text, timestamptz), loop.last_cycle_at(text), loop.trigger_volume(text),
   loop.trigger_schedule(text), loop.trigger_decline(text), loop.trigger_drift(text),
@@ -47,5 +51,5 @@ GRANT EXECUTE ON FUNCTION loop.route_tenant(text), loop.effective_policy(text),
   loop.signal_counts(text, timestamptz), loop.last_cycle_at(text), loop.trigger_volume(text),
   loop.trigger_schedule(text), loop.trigger_decline(text), loop.trigger_drift(text),
   loop.trigger_forget(text), loop.limits(text)
-  TO cft_app, cft_release, cft_dashboard;
+  TO cft_app, cft_release;
 GRANT EXECUTE ON FUNCTION loop.set_control(boolean, text, text) TO cft_app;
