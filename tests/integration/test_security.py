@@ -91,6 +91,11 @@ EXPECTED: dict[str, frozenset[str]] = {
     "POST /v1/routes": frozenset({"trainer", "admin"}),
     "GET /v1/routes": READ,
     "GET /v1/routes/{name}": READ,
+    "PUT /v1/routes/{name}/loop": frozenset({"trainer", "admin"}),
+    "GET /v1/routes/{name}/loop": READ,
+    "GET /v1/loop/cycles/{cycle_id}": READ,
+    "GET /v1/loop/control": READ,
+    "PUT /v1/loop/control": frozenset({"admin"}),
 }
 XSS = '<script>alert(1)</script>"><img src=x onerror=alert(2)>'
 INJECTIONS = [
@@ -222,6 +227,7 @@ FAKE_IDS = {
     "run_id": str(uuid.UUID(int=2)),
     "request_id": str(uuid.UUID(int=3)),
     "name": "no-such-name",
+    "cycle_id": "999999999",
 }
 
 
