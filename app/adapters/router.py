@@ -2,15 +2,18 @@
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Annotated, Any
 
-from fastapi import APIRouter
+from fastapi import APIRouter, Depends
 
 from app.adapters import schemas
 from app.adapters import service as adapters
-from app.core.auth import AdminKey, ApiKey, ReaderKey, ReleaseKey, TenantConn, TrainerKey
+from app.core.auth import AdminKey, ApiKey, ReaderKey, ReleaseKey, TenantConn, require
 
 router = APIRouter(tags=["adapters"])
+
+# Who may record eval results: trainers (kept, shown, not trusted by default) and release.
+EvalWriterKey = Annotated[ApiKey, Depends(require("trainer", "release"))]
 
 
 def _actor(key: ApiKey) -> str:
@@ -78,11 +81,15 @@ def rollback(
 
 @router.post("/v1/adapters/{adapter_id}/eval-results")
 def record_eval_results(
-    adapter_id: str, body: schemas.EvalResultsIn, conn: TenantConn, key: TrainerKey
+    adapter_id: str, body: schemas.EvalResultsIn, conn: TenantConn, key: EvalWriterKey
 ) -> list[schemas.EvalResultOut]:
-    """Record scores of an adapter (a recorded suite/metric is replaced)."""
+    """Record scores of an adapter, authored by this key (a recorded suite/metric is replaced).
+
+    A trainer's results are kept and shown, but satisfy no required rule unless the policy
+    trusts trainers; a release key's do (train.promotion_policy.trusted_authors).
+    """
     rows = adapters.record_eval_results(
-        conn, adapter_id=adapter_id, results=[r.model_dump() for r in body.results]
+        conn, adapter_id=adapter_id, results=[r.model_dump() for r in body.results], key_id=key.id
     )
     return [schemas.EvalResultOut.model_validate(r) for r in rows]
 

@@ -17,6 +17,14 @@ class EvalResultOut(BaseModel):
     score: float | None
     judge_model: str | None
     judged_at: datetime | None
+    rubric_version: str | None = None
+    author_kind: str = Field(description="evaluator, key (an API key) or sql (a SQL role).")
+    author_role: str = Field(
+        description="What the policy's trusted_authors names: evaluator, the key's role, or the"
+        " SQL role (owner, release, app, ...)."
+    )
+    author_key_id: int | None = None
+    author: str = Field(description="Who wrote the result, set by the database.")
 
 
 class AdapterEventOut(BaseModel):
@@ -85,6 +93,8 @@ class Blocker(BaseModel):
     current_score: float | None
     threshold: float | None
     reason: str
+    candidate_author: str | None = None
+    current_author: str | None = None
 
 
 class PromotionCheck(BaseModel):
@@ -122,6 +132,9 @@ class EvalResultIn(BaseModel):
     metric: str = Field(min_length=1, max_length=200)
     score: float | None = Field(description="NULL records a failed evaluation.")
     judge_model: str | None = Field(None, max_length=200)
+    rubric_version: str | None = Field(
+        None, max_length=200, description="A judge-scored result: the version of its rubric."
+    )
 
 
 class EvalResultsIn(BaseModel):
@@ -141,6 +154,19 @@ class PolicyRule(BaseModel):
     )
     tolerance: float = Field(0.02, ge=0, lt=1, description="Relative to |current score|.")
     required: bool = True
+    trusted_authors: list[str] | None = Field(
+        None,
+        max_length=20,
+        description="Authors whose results satisfy the rule (author_role: evaluator, release,"
+        " owner, trainer, admin, ...); None: the database default (evaluator, release, owner).",
+    )
+    min_judge_kappa: float | None = Field(
+        None,
+        ge=-1,
+        le=1,
+        description="Least Cohen's kappa of a judge's calibration for a judge-scored result;"
+        " None: the database default (0.6).",
+    )
 
 
 class PolicyRuleOut(PolicyRule):

@@ -10,7 +10,7 @@ import psycopg
 from psycopg import errors as pg_errors
 from psycopg.types.json import Jsonb
 
-from app.core.db import Connection
+from app.core.db import Connection, as_key
 from app.core.errors import BadRequest, Conflict, Forbidden, NotFound
 
 ADAPTER_COLUMNS = (
@@ -77,7 +77,8 @@ def get_detail_or_raise(conn: Connection, *, adapter_id: str) -> dict[str, Any]:
     """One adapter with its eval results and its audit events."""
     row = get_adapter_or_raise(conn, adapter_id=adapter_id)
     results = conn.execute(
-        "SELECT suite_id, metric, score, judge_model, judged_at FROM train.eval_result"
+        "SELECT suite_id, metric, score, judge_model, judged_at, rubric_version, author_kind,"
+        " author_role, author_key_id, author FROM train.eval_result"
         " WHERE adapter_id = %s ORDER BY suite_id, metric",
         (adapter_id,),
     ).fetchall()
@@ -242,17 +243,25 @@ def register_candidate(
 
 
 def record_eval_results(
-    conn: Connection, *, adapter_id: str, results: list[dict[str, Any]]
+    conn: Connection, *, adapter_id: str, results: list[dict[str, Any]], key_id: int
 ) -> list[dict[str, Any]]:
-    """Store scores of an adapter (a recorded suite/metric is replaced); returns all of them."""
+    """Store scores of an adapter as key_id's (a recorded suite/metric is replaced); returns all.
+
+    The database makes the key the results' author (train.eval_result_author): whether they
+    satisfy a required rule depends on the key's role and the policy's trusted_authors.
+    """
     get_adapter_or_raise(conn, adapter_id=adapter_id)
+    as_key(conn, key_id)
     with conn.cursor() as cur:
         cur.executemany(
-            "INSERT INTO train.eval_result (adapter_id, suite_id, metric, score, judge_model)"
-            " VALUES (%(adapter_id)s, %(suite_id)s, %(metric)s, %(score)s, %(judge_model)s)"
+            "INSERT INTO train.eval_result"
+            " (adapter_id, suite_id, metric, score, judge_model, rubric_version)"
+            " VALUES (%(adapter_id)s, %(suite_id)s, %(metric)s, %(score)s, %(judge_model)s,"
+            " %(rubric_version)s)"
             " ON CONFLICT (adapter_id, suite_id, metric) DO UPDATE"
-            " SET score = EXCLUDED.score, judge_model = EXCLUDED.judge_model, judged_at = now()",
-            [r | {"adapter_id": adapter_id} for r in results],
+            " SET score = EXCLUDED.score, judge_model = EXCLUDED.judge_model,"
+            " rubric_version = EXCLUDED.rubric_version, judged_at = now()",
+            [{"rubric_version": None} | r | {"adapter_id": adapter_id} for r in results],
         )
     return get_detail_or_raise(conn, adapter_id=adapter_id)["eval_results"]  # type: ignore[no-any-return]
 
@@ -260,13 +269,13 @@ def record_eval_results(
 def get_policy(conn: Connection, *, route: str | None = None) -> list[dict[str, Any]]:
     """Rules visible to the connection: the global ones and those of route (or of every route)."""
     rows = conn.execute(
-        "SELECT route, suite_id, metric, direction, tolerance, required"
-        " FROM train.promotion_policy"
+        "SELECT route, suite_id, metric, direction, tolerance, required, trusted_authors,"
+        " min_judge_kappa FROM train.promotion_policy"
         " WHERE %(route)s::text IS NULL OR route IS NULL OR route = %(route)s"
         " ORDER BY route NULLS FIRST, suite_id, metric",
         {"route": route},
     ).fetchall()
-    return [_clean(r, "tolerance") for r in rows]
+    return [_clean(r, "tolerance", "min_judge_kappa") for r in rows]
 
 
 def replace_policy(conn: Connection, *, route: str, rules: list[dict[str, Any]]) -> None:
@@ -274,11 +283,9 @@ def replace_policy(conn: Connection, *, route: str, rules: list[dict[str, Any]])
     if conn.execute("SELECT 1 FROM serve.route WHERE name = %s", (route,)).fetchone() is None:
         raise NotFound(f"route {route!r} not found", code="route_not_found")
     conn.execute("DELETE FROM train.promotion_policy WHERE route = %s", (route,))
-    with conn.cursor() as cur:
-        cur.executemany(
-            "INSERT INTO train.promotion_policy"
-            " (route, suite_id, metric, direction, tolerance, required)"
-            " VALUES (%(route)s, %(suite_id)s, %(metric)s, %(direction)s, %(tolerance)s,"
-            " %(required)s)",
-            [r | {"route": route} for r in rules],
-        )
+    for rule in rules:
+        # A field left out (None) takes the database's default (trusted authors, least kappa).
+        row = {k: v for k, v in (rule | {"route": route}).items() if v is not None}
+        cols = ", ".join(row)
+        vals = ", ".join(f"%({k})s" for k in row)
+        conn.execute(f"INSERT INTO train.promotion_policy ({cols}) VALUES ({vals})", row)

@@ -69,6 +69,11 @@ def as_tenant(conn: Connection, tenant_id: int) -> None:
     conn.execute("SELECT set_config('cft.tenant_id', %s, true)", (str(int(tenant_id)),))
 
 
+def as_key(conn: Connection, key_id: int) -> None:
+    """Name the API key the current transaction acts for (eval results' author, in SQL)."""
+    conn.execute("SELECT set_config('cft.key_id', %s, true)", (str(int(key_id)),))
+
+
 @contextmanager
 def tenant_transaction(
     pool: Pool,

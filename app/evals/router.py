@@ -14,7 +14,7 @@ router = APIRouter(tags=["evals"])
 @router.post("/v1/eval-suites", status_code=201)
 def create_suite(body: schemas.SuiteIn, conn: TenantConn, key: TrainerKey) -> schemas.SuiteOut:
     """Store a task suite of a route (or of every route) with its cases."""
-    row = evals.create_suite(conn, tenant_id=key.tenant_id, suite=body.model_dump())
+    row = evals.create_suite(conn, tenant_id=key.tenant_id, suite=body.model_dump(), key_id=key.id)
     return schemas.SuiteOut.model_validate(row)
 
 

@@ -19,6 +19,14 @@ class CaseIn(BaseModel):
     max_tokens: int = Field(32, ge=1, le=4096)
 
 
+class CalibrationCaseIn(BaseModel):
+    """An answer people judged under the suite's rubric: the judge is calibrated on these."""
+
+    messages: list[dict[str, Any]] = Field(min_length=1)
+    answer: str = Field(max_length=20000)
+    label: bool = Field(description="People's verdict: the answer is acceptable.")
+
+
 class SuiteIn(BaseModel):
     """A task suite of a route (route null = every route of the tenant)."""
 
@@ -28,6 +36,9 @@ class SuiteIn(BaseModel):
     kind: Literal["task", "judge"] = "task"
     rubric: str | None = None
     cases: list[CaseIn] = Field(min_length=1)
+    calibration: list[CalibrationCaseIn] = Field(
+        [], max_length=1000, description="Kind judge: the human-labelled calibration set."
+    )
 
 
 class CaseOut(BaseModel):
@@ -40,8 +51,35 @@ class CaseOut(BaseModel):
     max_tokens: int
 
 
+class CalibrationCaseOut(BaseModel):
+    """A stored calibration case."""
+
+    id: int
+    messages: list[dict[str, Any]]
+    answer: str
+    human_label: bool
+    author: str
+
+
+class JudgeCalibrationOut(BaseModel):
+    """How well one judge (model + rubric version) agreed with people on the calibration set."""
+
+    id: int
+    judge_model: str
+    rubric_version: str
+    threshold: float
+    n: int
+    accuracy: float | None
+    kappa: float | None = Field(description="Cohen's kappa; null when chance agreement is 1.")
+    bias: float | None = Field(description="Judge positive rate minus human positive rate.")
+    judge_positive_rate: float | None
+    human_positive_rate: float | None
+    author: str
+    calibrated_at: datetime
+
+
 class SuiteOut(BaseModel):
-    """A stored suite with its cases."""
+    """A stored suite with its cases, calibration set and judge calibrations (newest first)."""
 
     id: str
     name: str
@@ -50,6 +88,8 @@ class SuiteOut(BaseModel):
     rubric: str | None
     created_at: datetime
     cases: list[CaseOut] = []
+    calibration: list[CalibrationCaseOut] = []
+    calibrations: list[JudgeCalibrationOut] = []
 
 
 class SuiteList(BaseModel):

@@ -1,7 +1,10 @@
-"""Task suites and evaluation requests (RLS scopes every query to the caller's tenant)."""
+"""Task suites, judge calibration and evaluation requests (RLS scopes every query to the
+caller's tenant)."""
 
 from __future__ import annotations
 
+import hashlib
+import math
 from typing import Any
 
 import psycopg
@@ -9,11 +12,24 @@ from psycopg import Connection
 from psycopg.rows import dict_row
 from psycopg.types.json import Jsonb
 
+from app.core.db import as_key
 from app.core.errors import BadRequest, Conflict, NotFound
 
+# A judge's verdict on a calibration case reads as "acceptable" at this score or above (0-10).
+CALIBRATION_THRESHOLD = 5.0
 
-def create_suite(conn: Connection, *, tenant_id: int, suite: dict[str, Any]) -> dict[str, Any]:
-    """Store a suite and its cases; a taken id is a Conflict."""
+
+def rubric_version(rubric: str) -> str:
+    """The version of a rubric: its text's hash, so an edited rubric is a new, uncalibrated one."""
+    return hashlib.sha256(rubric.encode()).hexdigest()[:12]
+
+
+def create_suite(
+    conn: Connection, *, tenant_id: int, suite: dict[str, Any], key_id: int | None = None
+) -> dict[str, Any]:
+    """Store a suite, its cases and its calibration set; a taken id is a Conflict."""
+    if key_id is not None:
+        as_key(conn, key_id)  # the calibration labels' author
     cur = conn.cursor(row_factory=dict_row)
     if suite.get("route") is not None:
         found = cur.execute("SELECT 1 FROM serve.route WHERE name = %s", (suite["route"],))
@@ -45,6 +61,12 @@ def create_suite(conn: Connection, *, tenant_id: int, suite: dict[str, Any]) -> 
                         case["max_tokens"],
                     ),
                 )
+            for case in suite.get("calibration") or []:
+                cur.execute(
+                    "INSERT INTO train.eval_calibration_case (suite_id, messages, answer,"
+                    " human_label) VALUES (%s, %s, %s, %s)",
+                    (suite["id"], Jsonb(case["messages"]), case["answer"], case["label"]),
+                )
     except psycopg.errors.UniqueViolation as exc:
         raise Conflict(f"eval suite {suite['id']!r} exists", code="suite_exists") from exc
     except psycopg.errors.CheckViolation as exc:
@@ -61,7 +83,74 @@ def get_suite_or_raise(conn: Connection, *, suite_id: str) -> dict[str, Any]:
     row["cases"] = cur.execute(
         "SELECT * FROM train.eval_case WHERE suite_id = %s ORDER BY id", (suite_id,)
     ).fetchall()
+    row["calibration"] = calibration_cases(conn, suite_id=suite_id)
+    row["calibrations"] = [
+        _finite(c)
+        for c in cur.execute(
+            "SELECT * FROM train.judge_calibration WHERE suite_id = %s"
+            " ORDER BY calibrated_at DESC, id DESC",
+            (suite_id,),
+        ).fetchall()
+    ]
     return row
+
+
+_RATES = ("threshold", "accuracy", "kappa", "bias", "judge_positive_rate", "human_positive_rate")
+
+
+def _finite(row: dict[str, Any]) -> dict[str, Any]:
+    """Numeric columns as JSON-safe floats."""
+    out = dict(row)
+    for k in _RATES:
+        v = out.get(k)
+        out[k] = None if v is None or not math.isfinite(float(v)) else float(v)
+    return out
+
+
+def calibration_cases(conn: Connection, *, suite_id: str) -> list[dict[str, Any]]:
+    """A suite's human-labelled calibration set, oldest first."""
+    cur = conn.cursor(row_factory=dict_row)
+    return cur.execute(
+        "SELECT id, messages, answer, human_label, author FROM train.eval_calibration_case"
+        " WHERE suite_id = %s ORDER BY id",
+        (suite_id,),
+    ).fetchall()
+
+
+def get_calibration(
+    conn: Connection, *, suite_id: str, judge_model: str, rubric_version: str
+) -> dict[str, Any] | None:
+    """The latest calibration of one judge and rubric on a suite, or None."""
+    cur = conn.cursor(row_factory=dict_row)
+    row = cur.execute(
+        "SELECT * FROM train.judge_calibration WHERE suite_id = %s AND judge_model = %s"
+        " AND rubric_version = %s ORDER BY calibrated_at DESC, id DESC LIMIT 1",
+        (suite_id, judge_model, rubric_version),
+    ).fetchone()
+    return _finite(row) if row else None
+
+
+def record_calibration(
+    conn: Connection,
+    *,
+    suite_id: str,
+    judge_model: str,
+    rubric_version: str,
+    verdicts: list[dict[str, Any]],
+    threshold: float = CALIBRATION_THRESHOLD,
+) -> dict[str, Any]:
+    """Store a judge's verdicts on a suite's whole calibration set; SQL computes the agreement.
+
+    verdicts: {"case_id", "score" (None: unparsable), "reply"} per case. Only the schema owner
+    (the evaluator) may record one.
+    """
+    cur = conn.cursor(row_factory=dict_row)
+    row = cur.execute(
+        "SELECT * FROM train.record_judge_calibration(%s, %s, %s, %s, %s::numeric)",
+        (suite_id, judge_model, rubric_version, Jsonb(verdicts), threshold),
+    ).fetchone()
+    assert row is not None
+    return _finite(row)
 
 
 def list_suites(conn: Connection, *, route: str | None = None) -> list[dict[str, Any]]:

@@ -50,14 +50,15 @@ def _post(api, path, key, body=None):
     return httpx.post(f"{api}{path}", headers=key, json=body, timeout=10)
 
 
-def _record(api, world, adapter, accuracy, loss):
+def _record(api, world, adapter, accuracy, loss, role="release"):
+    """Record scores over REST, as a release key unless told (a trainer's satisfy nothing)."""
     body = {
         "results": [
             {"suite_id": "tasks", "metric": "accuracy", "score": accuracy},
             {"suite_id": "heldout", "metric": "loss", "score": loss},
         ]
     }
-    return _post(api, f"/v1/adapters/{adapter}/eval-results", world["keys"]["trainer"], body)
+    return _post(api, f"/v1/adapters/{adapter}/eval-results", world["keys"][role], body)
 
 
 def _prods(conn, route):
@@ -144,12 +145,7 @@ def test_roles_and_tenants(api, conn, world):
     keys = world["keys"]
     assert _post(api, f"/v1/adapters/{world['cand']}/promote", keys["reader"]).status_code == 403
     assert _post(api, f"/v1/adapters/{world['cand']}/promote", keys["trainer"]).status_code == 403
-    assert (
-        _record(
-            api, world | {"keys": {"trainer": keys["release"]}}, world["cand"], 1, 1
-        ).status_code
-        == 403
-    )
+    assert _record(api, world, world["cand"], 1, 1, role="reader").status_code == 403
     listing = httpx.get(
         f"{api}/v1/adapters", params={"route": world["route"]}, headers=keys["reader"]
     )

@@ -18,7 +18,7 @@ from app.core.config import Settings
 from tests.support.factories import make_adapter, make_route, make_tenant
 from tests.support.lora import make_adapter_dir
 from tests.support.training import make_snapshot
-from workers.evaluator.worker import JUDGE_MODEL, EvalConfig, Evaluator
+from workers.evaluator.worker import EVALUATOR, EvalConfig, Evaluator
 
 QV = ("q_proj", "v_proj")
 
@@ -101,10 +101,17 @@ def world(conn: Any, settings: Settings, weights: dict[str, Path]) -> dict[str, 
 
 def _scores(conn: Any, adapter_id: str) -> dict[tuple[str, str], float]:
     rows = conn.execute(
-        "SELECT suite_id, metric, score, judge_model FROM train.eval_result WHERE adapter_id = %s",
+        "SELECT suite_id, metric, score, judge_model, author_kind, author_role, author"
+        " FROM train.eval_result WHERE adapter_id = %s",
         (adapter_id,),
     ).fetchall()
-    assert all(r["judge_model"] == JUDGE_MODEL for r in rows)
+    # Computed, not judged: no judge_model; written by the evaluator, which the database knows.
+    assert all(r["judge_model"] is None for r in rows)
+    assert all(
+        (r["author_kind"], r["author_role"]) == ("evaluator", "evaluator")
+        and r["author"].startswith(f"evaluator {EVALUATOR} ")
+        for r in rows
+    ), rows
     return {(r["suite_id"], r["metric"]): float(r["score"]) for r in rows}
 
 
@@ -163,8 +170,13 @@ def test_scores_flow_into_the_gate(
     reasons = conn.execute(
         "SELECT * FROM serve.promotion_blockers(%s, %s)", (bad["id"], good["id"])
     ).fetchall()
-    assert [r["suite_id"] for r in reasons] == [f"heldout:{snap2['id']}"]
-    assert "regression" in reasons[0]["reason"]
+    # loss (required) and perplexity (its own rule since 20261202) regress on the new split.
+    assert {(r["suite_id"], r["metric"]) for r in reasons} == {
+        (f"heldout:{snap2['id']}", "loss"),
+        (f"heldout:{snap2['id']}", "perplexity"),
+    }, reasons
+    assert all("regression" in r["reason"] for r in reasons)
+    assert all(r["candidate_author"].startswith("evaluator ") for r in reasons)
     with pytest.raises(psycopg.errors.CheckViolation):
         conn.execute(
             "UPDATE serve.adapter SET status = 'prod', traffic_pct = 100 WHERE id = %s",

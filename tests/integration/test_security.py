@@ -65,7 +65,7 @@ EXPECTED: dict[str, frozenset[str]] = {
     "POST /v1/adapters/{adapter_id}/canary": frozenset({"release", "admin"}),
     "POST /v1/adapters/{adapter_id}/promote": frozenset({"release", "admin"}),
     "POST /v1/adapters/{adapter_id}/rollback": frozenset({"release", "admin"}),
-    "POST /v1/adapters/{adapter_id}/eval-results": frozenset({"trainer", "admin"}),
+    "POST /v1/adapters/{adapter_id}/eval-results": frozenset({"trainer", "release", "admin"}),
     "POST /v1/adapters/{adapter_id}/evaluate": frozenset({"trainer", "admin"}),
     "GET /v1/promotion-policy": READ,
     "PUT /v1/promotion-policy": frozenset({"admin"}),

@@ -8,6 +8,7 @@ from __future__ import annotations
 import argparse
 import logging
 import signal
+import sys
 from typing import Any
 
 
@@ -17,6 +18,11 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--lease", type=float, default=900.0, help="lease of a request in seconds")
     p.add_argument("--poll", type=float, default=5.0, help="poll interval when LISTEN is quiet")
     p.add_argument("--worker-id", default="", help="name in eval_request.worker_id")
+    p.add_argument(
+        "--calibrate",
+        metavar="SUITE",
+        help="run the judge on SUITE's calibration set, store its agreement, print it and exit",
+    )
 
 
 def run(args: argparse.Namespace) -> int:
@@ -27,6 +33,8 @@ def run(args: argparse.Namespace) -> int:
     from workers.evaluator.worker import EvalConfig, Evaluator
 
     settings = get_settings()
+    if args.calibrate:
+        return _calibrate(settings, database_url(settings), args.calibrate, args.worker_id)
     worker = Evaluator(
         EvalConfig(
             db_url=database_url(settings),
@@ -48,6 +56,28 @@ def run(args: argparse.Namespace) -> int:
 
     signal.signal(signal.SIGTERM, _stop)
     worker.run_forever()
+    return 0
+
+
+def _calibrate(settings: Any, url: str, suite_id: str, worker_id: str) -> int:
+    from app.core.errors import CftError
+    from app.evals import service as evals
+    from workers.evaluator import judge
+    from workers.evaluator.worker import EvalConfig, connect
+
+    cfg = EvalConfig(db_url=url, models_dir=settings.models_path, settings=settings)
+    with connect(url, worker_id or cfg.worker_id) as conn, conn.transaction():
+        try:
+            suite = evals.get_suite_or_raise(conn, suite_id=suite_id)
+            cal = judge.calibrate(conn, settings, suite)
+        except (CftError, ValueError) as exc:
+            print(f"cannot calibrate: {exc}", file=sys.stderr)
+            return 1
+    kappa = "undefined" if cal["kappa"] is None else f"{cal['kappa']:.3f}"
+    print(
+        f"judge {cal['judge_model']} (rubric {cal['rubric_version']}) on {suite_id}:"
+        f" n={cal['n']} accuracy={cal['accuracy']:.3f} kappa={kappa} bias={cal['bias']:+.3f}"
+    )
     return 0
 
 

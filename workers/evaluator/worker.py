@@ -6,7 +6,11 @@ For one adapter it computes, like for like:
     CANDIDATE's split) -> eval_result suite_id 'heldout:<snapshot id>';
   * the pass rate of each task suite of the route, through the engine API (CFT_ENGINE_URLS) or
     in process when no engine is configured -> suite_id '<suite id>', metric 'pass_rate';
-  * optionally an LLM judge's mean score (0-10) for judge suites, recorded with its judge_model.
+  * optionally an LLM judge's mean score (0-10) for judge suites, recorded with its judge_model
+    and rubric version; a judge suite with a calibration set is calibrated first when its judge
+    and rubric have no calibration yet (workers/evaluator/judge.py).
+Its connections identify it to the database (cft.evaluator, honoured for the schema owner's
+sessions only), which makes it the author of the results it writes (train.eval_result_author).
 The current prod gets rows only where it lacks them. The bare base is not a serve.adapter row
 (a pseudo-adapter could be canaried or promoted, and eval_result's FK would pin it in the
 registry); its numbers go into the candidate's eval_summary under "base".
@@ -18,7 +22,6 @@ from __future__ import annotations
 import logging
 import math
 import os
-import re
 import shutil
 import socket
 import tempfile
@@ -40,12 +43,13 @@ from app.core.artefacts import fetch_verified
 from app.core.config import Settings, get_settings
 from app.datasets import service as datasets
 from workers import base_model
+from workers.evaluator import judge as judge_mod
 from workers.evaluator import scoring
 
 log = logging.getLogger(__name__)
 
 CHANNEL = "cft_eval"
-JUDGE_MODEL = f"cft-evaluator/{__version__}"
+EVALUATOR = f"cft-evaluator/{__version__}"
 
 
 @dataclass
@@ -65,10 +69,14 @@ class EvalConfig:
             self.worker_id = f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:6]}"
 
 
-def _connect(url: str) -> psycopg.Connection[Any]:
-    return psycopg.connect(
+def connect(url: str, worker_id: str) -> psycopg.Connection[Any]:
+    """An autocommit connection that writes as the evaluator."""
+    conn = psycopg.connect(
         url, autocommit=True, row_factory=dict_row, application_name="cft-evaluator"
     )
+    # For the whole session: what this connection writes is the evaluator's.
+    conn.execute("SELECT set_config('cft.evaluator', %s, false)", (f"{EVALUATOR} {worker_id}",))
+    return conn
 
 
 def _finite(x: float) -> float | None:
@@ -89,7 +97,7 @@ class Evaluator:
     def run_once(self) -> int:
         """Process every claimable request; returns how many were processed."""
         n = 0
-        with _connect(self.cfg.db_url) as conn:
+        with connect(self.cfg.db_url, self.cfg.worker_id) as conn:
             while not self.stop.is_set():
                 req = conn.execute(
                     "SELECT * FROM train.claim_eval_request(%s, %s::interval)",
@@ -103,7 +111,7 @@ class Evaluator:
 
     def run_forever(self) -> None:
         """Process requests until stopped, woken by NOTIFY cft_eval or the poll interval."""
-        with _connect(self.cfg.db_url) as listen:
+        with connect(self.cfg.db_url, self.cfg.worker_id) as listen:
             listen.execute(f"LISTEN {CHANNEL}")
             while not self.stop.is_set():
                 try:
@@ -188,7 +196,7 @@ class Evaluator:
                 for suite in suites:
                     self._suite(conn, model, tok, suite, cand, prod, cand_dir, prod_dir, results)
         summary = {
-            "evaluator": JUDGE_MODEL,
+            "evaluator": EVALUATOR,
             "mode": mode,
             "against": prod["id"] if prod else None,
             "results": results,
@@ -251,6 +259,17 @@ class Evaluator:
         if judge and not settings.eval_judge_url:
             log.info("suite %s needs a judge and none is configured: skipped", suite["id"])
             return
+        if judge:
+            cal = judge_mod.ensure_calibrated(conn, settings, suite)
+            if cal is not None:
+                log.info(
+                    "judge %s on suite %s: kappa %s, accuracy %s (n=%s)",
+                    cal["judge_model"],
+                    suite["id"],
+                    cal["kappa"],
+                    cal["accuracy"],
+                    cal["n"],
+                )
         sid = str(suite["id"])
         who: list[tuple[str, str | None, Path | None]] = [
             ("candidate", str(cand["id"]), cand_dir),
@@ -263,7 +282,7 @@ class Evaluator:
         for role, name, path in who:
             with self._generator(model, tok, role, name, path) as generate:
                 if judge:
-                    results[role][sid] = _judge(settings, suite, cases, generate)
+                    results[role][sid] = judge_mod.judge_suite(settings, suite, cases, generate)
                 else:
                     rate, outcomes = scoring.pass_rate(cases, generate)
                     results[role][sid] = {
@@ -351,48 +370,14 @@ def _engine_generate(client: httpx.Client, model_name: str) -> scoring.Generate:
     return generate
 
 
-def _judge(
-    settings: Settings,
-    suite: dict[str, Any],
-    cases: list[dict[str, Any]],
-    generate: scoring.Generate,
-) -> dict[str, Any]:
-    """Mean judge score (0-10) of the answers; an unparsable verdict is NaN (fails closed)."""
-    rubric = suite["rubric"] or settings.eval_judge_rubric
-    headers = {}
-    if settings.eval_judge_key is not None:
-        headers["Authorization"] = f"Bearer {settings.eval_judge_key.get_secret_value()}"
-    scores: list[float] = []
-    url = str(settings.eval_judge_url).rstrip("/")
-    with httpx.Client(base_url=url, timeout=settings.engine_timeout, headers=headers) as client:
-        for case in cases:
-            answer = generate(case["messages"], int(case["max_tokens"]))
-            prompt = (
-                f"Rubric: {rubric}\nConversation: {case['messages']}\nAnswer: {answer}\n"
-                "Reply with a single integer score from 0 to 10."
-            )
-            resp = client.post(
-                "/v1/chat/completions",
-                json={
-                    "model": settings.eval_judge_model,
-                    "messages": [{"role": "user", "content": prompt}],
-                    "max_tokens": 8,
-                    "temperature": 0,
-                },
-            )
-            resp.raise_for_status()
-            m = re.search(r"\d+(\.\d+)?", str(resp.json()["choices"][0]["message"]["content"]))
-            scores.append(min(float(m.group()), 10.0) if m else math.nan)
-    mean = sum(scores) / len(scores) if scores else math.nan
-    return {"judge_score": mean, "n": len(scores), "_judge_model": settings.eval_judge_model}
-
-
 def _has(
     conn: psycopg.Connection[Any], adapter_id: str, suite: str, metric: str | None = None
 ) -> bool:
     row = conn.execute(
+        # Only a trusted author's result counts as there (an untrusted one is scored again).
         "SELECT 1 FROM train.eval_result WHERE adapter_id = %s AND suite_id = %s"
-        " AND (%s::text IS NULL OR metric = %s) AND score <> 'NaN' LIMIT 1",
+        " AND (%s::text IS NULL OR metric = %s) AND score <> 'NaN'"
+        " AND author_role = ANY (train.default_trusted_authors()) LIMIT 1",
         (adapter_id, suite, metric, metric),
     ).fetchone()
     return row is not None
@@ -405,22 +390,27 @@ def _write(
     *,
     replace: bool,
 ) -> None:
-    """Upsert (or only add) one adapter's scores; NaN is written as NaN so the gate refuses it."""
+    """Upsert one adapter's scores (replace=False: only where no trusted author's result is);
+    NaN is written as NaN so the gate refuses it. Computed metrics have no judge_model."""
     for suite, metrics in by_suite.items():
-        judge_model = str(metrics.get("_judge_model") or JUDGE_MODEL)
+        judge_model = metrics.get("_judge_model") or None
+        rubric_version = metrics.get("_rubric_version")
         for metric, score in metrics.items():
             if metric.startswith("_") or metric in ("n", "passed"):
                 continue
             conn.execute(
-                "INSERT INTO train.eval_result (adapter_id, suite_id, metric, score, judge_model)"
-                " VALUES (%s, %s, %s, %s, %s) ON CONFLICT (adapter_id, suite_id, metric) DO "
+                "INSERT INTO train.eval_result"
+                " (adapter_id, suite_id, metric, score, judge_model, rubric_version)"
+                " VALUES (%s, %s, %s, %s, %s, %s) ON CONFLICT (adapter_id, suite_id, metric)"
+                " DO UPDATE SET score = EXCLUDED.score, judge_model = EXCLUDED.judge_model,"
+                " rubric_version = EXCLUDED.rubric_version, judged_at = now()"
                 + (
-                    "UPDATE SET score = EXCLUDED.score, judge_model = EXCLUDED.judge_model,"
-                    " judged_at = now()"
+                    ""
                     if replace
-                    else "NOTHING"
+                    else " WHERE NOT (train.eval_result.author_role"
+                    " = ANY (train.default_trusted_authors()))"
                 ),
-                (adapter_id, suite, metric, float(score), judge_model),
+                (adapter_id, suite, metric, float(score), judge_model, rubric_version),
             )
 
 

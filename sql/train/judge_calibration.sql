@@ -1,0 +1,135 @@
+-- Judge calibration: a suite's calibration set (answers people labelled acceptable or not under
+-- the suite's rubric), a judge run over it, and how well the judge agrees with the people:
+-- accuracy, Cohen's kappa and bias (judge positive rate - human positive rate). The gate takes a
+-- required judge-scored result (judge_model set) only from a judge calibrated on that suite with
+-- that rubric version and kappa >= the rule's min_judge_kappa (serve/can_promote.sql).
+
+CREATE TABLE train.eval_calibration_case (
+  id          bigint GENERATED ALWAYS AS IDENTITY PRIMARY KEY,
+  suite_id    text NOT NULL REFERENCES train.eval_suite(id) ON DELETE CASCADE,
+  messages    jsonb NOT NULL CHECK (jsonb_typeof(messages) = 'array'),
+  answer      text NOT NULL,     -- the answer to the conversation that people judged
+  human_label boolean NOT NULL,  -- people's verdict: acceptable under the rubric
+  author      text NOT NULL,     -- who labelled it (set by the database, train.current_author)
+  created_at  timestamptz NOT NULL DEFAULT now()
+);
+CREATE INDEX eval_calibration_case_suite_idx ON train.eval_calibration_case (suite_id, id);
+
+-- One run of one judge (model + rubric version) over a suite's whole calibration set.
+CREATE TABLE train.judge_calibration (
+  id                  bigint GENERATED ALWAYS AS IDENTITY PRIMARY KEY,
+  suite_id            text NOT NULL REFERENCES train.eval_suite(id) ON DELETE CASCADE,
+  judge_model         text NOT NULL,
+  rubric_version      text NOT NULL,
+  threshold           numeric NOT NULL,  -- a judge score >= threshold reads as "acceptable"
+  n                   int NOT NULL,
+  accuracy            numeric,           -- share of cases where the judge agrees with people
+  kappa               numeric,           -- Cohen's kappa; NULL if chance agreement is 1
+  bias                numeric,           -- judge positive rate - human positive rate
+  judge_positive_rate numeric,
+  human_positive_rate numeric,
+  author_role         text NOT NULL,     -- who ran it (train.current_author)
+  author              text NOT NULL,
+  calibrated_at       timestamptz NOT NULL DEFAULT now()
+);
+CREATE INDEX judge_calibration_judge_idx
+  ON train.judge_calibration (suite_id, judge_model, rubric_version, calibrated_at DESC);
+
+-- The judge's verdict on each case of a calibration (the human label as it was then).
+CREATE TABLE train.judge_verdict (
+  calibration_id bigint NOT NULL REFERENCES train.judge_calibration(id) ON DELETE CASCADE,
+  case_id        bigint NOT NULL REFERENCES train.eval_calibration_case(id) ON DELETE CASCADE,
+  judge_score    numeric,          -- NULL: the reply held no score (read as not acceptable)
+  judge_reply    text,
+  judge_label    boolean NOT NULL,
+  human_label    boolean NOT NULL,
+  PRIMARY KEY (calibration_id, case_id)
+);
+
+CREATE OR REPLACE FUNCTION train.calibration_case_author() RETURNS trigger
+LANGUAGE plpgsql SET search_path = pg_catalog, public AS $$
+BEGIN
+  NEW.author := (SELECT a.author FROM train.current_author() a);
+  RETURN NEW;
+END
+$$;
+CREATE TRIGGER eval_calibration_case_author BEFORE INSERT OR UPDATE ON train.eval_calibration_case
+  FOR EACH ROW EXECUTE FUNCTION train.calibration_case_author();
+
+-- Record one judge's run over a suite's calibration set: p_verdicts is a JSON array of
+-- {"case_id", "score" (0-10, null if unparsable), "reply"}, one per case of the set. The
+-- agreement is computed here, from the stored human labels: accuracy p_o; kappa
+-- (p_o - p_e) / (1 - p_e) with p_e = p_j p_h + (1 - p_j)(1 - p_h); bias p_j - p_h.
+-- Runs as the caller: only the owner (the evaluator, `cft worker eval --calibrate`) may insert.
+CREATE OR REPLACE FUNCTION train.record_judge_calibration(
+  p_suite text, p_judge_model text, p_rubric_version text, p_verdicts jsonb,
+  p_threshold numeric DEFAULT 5)
+RETURNS train.judge_calibration LANGUAGE plpgsql SET search_path = pg_catalog, public AS $$
+DECLARE
+  v_cases bigint[];
+  v_given bigint[];
+  v_id    bigint;
+  r       train.judge_calibration;
+BEGIN
+  SELECT array_agg(id ORDER BY id) INTO v_cases
+    FROM train.eval_calibration_case WHERE suite_id = p_suite;
+  IF v_cases IS NULL THEN
+    RAISE invalid_parameter_value USING
+      MESSAGE = format('suite %s has no calibration set', p_suite);
+  END IF;
+  SELECT array_agg((v->>'case_id')::bigint ORDER BY (v->>'case_id')::bigint) INTO v_given
+    FROM jsonb_array_elements(p_verdicts) v;
+  IF v_given IS DISTINCT FROM v_cases THEN
+    RAISE invalid_parameter_value USING
+      MESSAGE = format('a calibration judges every case of suite %s once: cases %s, verdicts %s',
+                       p_suite, v_cases, v_given);
+  END IF;
+  INSERT INTO train.judge_calibration (suite_id, judge_model, rubric_version, threshold, n,
+                                       author_role, author)
+  SELECT p_suite, p_judge_model, p_rubric_version, p_threshold, 0, a.author_role, a.author
+    FROM train.current_author() a
+  RETURNING id INTO v_id;
+  INSERT INTO train.judge_verdict (calibration_id, case_id, judge_score, judge_reply,
+                                   judge_label, human_label)
+  SELECT v_id, c.id, (v->>'score')::numeric, v->>'reply',
+         coalesce((v->>'score')::numeric >= p_threshold, false), c.human_label
+    FROM jsonb_array_elements(p_verdicts) v
+    JOIN train.eval_calibration_case c ON c.id = (v->>'case_id')::bigint;
+  WITH s AS (
+    SELECT count(*)::int AS n, avg((judge_label = human_label)::int) AS po,
+           avg(judge_label::int) AS pj, avg(human_label::int) AS ph
+      FROM train.judge_verdict WHERE calibration_id = v_id
+  ), e AS (
+    SELECT s.*, s.pj * s.ph + (1 - s.pj) * (1 - s.ph) AS pe FROM s
+  )
+  UPDATE train.judge_calibration j
+     SET n = e.n, accuracy = e.po, judge_positive_rate = e.pj, human_positive_rate = e.ph,
+         bias = e.pj - e.ph,
+         kappa = CASE WHEN e.pe = 1 THEN NULL ELSE (e.po - e.pe) / (1 - e.pe) END
+    FROM e WHERE j.id = v_id
+  RETURNING j.* INTO r;
+  RETURN r;
+END
+$$;
+
+ALTER TABLE train.eval_calibration_case ENABLE ROW LEVEL SECURITY;
+CREATE POLICY tenant_isolation ON train.eval_calibration_case TO cft_app
+  USING (EXISTS (SELECT 1 FROM train.eval_suite s WHERE s.id = suite_id))
+  WITH CHECK (EXISTS (SELECT 1 FROM train.eval_suite s WHERE s.id = suite_id));
+CREATE POLICY read_all ON train.eval_calibration_case FOR SELECT TO cft_dashboard, cft_release
+  USING (true);
+ALTER TABLE train.judge_calibration ENABLE ROW LEVEL SECURITY;
+CREATE POLICY tenant_isolation ON train.judge_calibration FOR SELECT TO cft_app
+  USING (EXISTS (SELECT 1 FROM train.eval_suite s WHERE s.id = suite_id));
+CREATE POLICY read_all ON train.judge_calibration FOR SELECT TO cft_dashboard, cft_release
+  USING (true);
+ALTER TABLE train.judge_verdict ENABLE ROW LEVEL SECURITY;
+CREATE POLICY tenant_isolation ON train.judge_verdict FOR SELECT TO cft_app
+  USING (EXISTS (SELECT 1 FROM train.judge_calibration j WHERE j.id = calibration_id));
+CREATE POLICY read_all ON train.judge_verdict FOR SELECT TO cft_dashboard, cft_release
+  USING (true);
+
+GRANT SELECT, INSERT, UPDATE, DELETE ON train.eval_calibration_case TO cft_app;
+GRANT SELECT ON train.judge_calibration, train.judge_verdict TO cft_app;
+GRANT SELECT ON train.eval_calibration_case, train.judge_calibration, train.judge_verdict
+  TO cft_release, cft_dashboard;
