@@ -161,7 +161,7 @@ BEGIN
         WHEN required AND cj IS NOT NULL AND (kappa IS NULL OR kappa < min_kappa)
           THEN format('judge %s (rubric %s) agrees too little with people on suite %s:'
                       ' kappa %s < %s (min_judge_kappa)', cj, coalesce(cv, 'unknown'), suite_id,
-                      coalesce(round(kappa, 3)::text, 'undefined'), min_kappa)
+                      coalesce(trim_scale(round(kappa, 3))::text, 'undefined'), min_kappa)
         WHEN v_cur IS NULL THEN NULL
         WHEN NOT p_has AND required
           THEN 'current adapter has no result for this required metric: evaluate it on the same suite'

@@ -151,6 +151,7 @@ def test_judge_calibration_is_stored_and_enforced(
         timeout=300,
     )
     assert proc.returncode == 0, proc.stderr[-2000:]
+    print(proc.stdout)  # the judge's agreement, for the record (pytest -rP)
     cal = conn.execute(
         "SELECT * FROM train.judge_calibration WHERE suite_id = %s", (suite,)
     ).fetchone()
@@ -205,10 +206,11 @@ def test_judge_calibration_is_stored_and_enforced(
         )
 
     if kappa < 0.6:
-        assert _blockers(conn, cand) == [
-            f"judge {JUDGE} (rubric {version}) agrees too little with people on suite {suite}:"
-            f" kappa {round(kappa, 3)} < 0.6 (min_judge_kappa)"
-        ]
+        (why,) = _blockers(conn, cand)
+        head = f"judge {JUDGE} (rubric {version}) agrees too little with people on suite {suite}:"
+        assert why.startswith(head) and why.endswith(" < 0.6 (min_judge_kappa)"), why
+        shown_kappa = why[len(head) :].split()[1]
+        assert math.isclose(float(shown_kappa), round(kappa, 3), abs_tol=1e-9)
     else:
         assert _blockers(conn, cand) == []
     set_min(max(-1.0, kappa - 0.01))
@@ -243,3 +245,58 @@ def test_judge_calibration_is_stored_and_enforced(
             " FROM train.eval_calibration_case WHERE suite_id = %s))",
             (suite, suite),
         )
+
+
+def test_the_evaluator_calibrates_its_judge_once_then_judges(
+    conn: Any, db_url: str, judge_url: str
+) -> None:
+    from app.core.config import Settings
+    from workers.evaluator.worker import EVALUATOR, _write, connect
+
+    t = make_tenant(conn)
+    route = make_route(conn, tenant_id=t["id"])
+    suite_id = f"judged-{route['name']}"
+    conn.execute(
+        "INSERT INTO train.eval_suite (id, tenant_id, route, name, kind, rubric)"
+        " VALUES (%s, %s, %s, 'judged', 'judge', %s)",
+        (suite_id, t["id"], route["name"], RUBRIC),
+    )
+    for q, a, y in LABELLED[:4]:
+        conn.execute(
+            "INSERT INTO train.eval_calibration_case (suite_id, messages, answer, human_label)"
+            " VALUES (%s, jsonb_build_array(jsonb_build_object('role', 'user', 'content', %s::text)),"
+            " %s, %s)",
+            (suite_id, q, a, y),
+        )
+    conn.execute(
+        "INSERT INTO train.promotion_policy (route, suite_id, metric, direction, min_judge_kappa)"
+        " VALUES (%s, %s, 'judge_score', 'higher', -1)",
+        (route["name"], suite_id),
+    )
+    suite = conn.execute("SELECT * FROM train.eval_suite WHERE id = %s", (suite_id,)).fetchone()
+    cases = [{"messages": [{"role": "user", "content": "What is 2 + 2?"}], "max_tokens": 4}]
+    settings = Settings(home=ROOT / ".cft", eval_judge_url=judge_url, eval_judge_model=JUDGE)
+    cand = make_adapter(conn, route=route)["id"]
+    with connect(db_url, "w-test") as ev:
+        first = judge.ensure_calibrated(ev, settings, suite)
+        assert first is not None and first["n"] == 4
+        assert first["author"] == f"evaluator {EVALUATOR} w-test"
+        again = judge.ensure_calibrated(ev, settings, suite)  # calibrated: not run again
+        assert again is not None and again["id"] == first["id"]
+        scored = judge.judge_suite(settings, suite, cases, lambda messages, n: "2 + 2 is 4.")
+        assert scored["_judge_model"] == JUDGE
+        assert scored["_rubric_version"] == evals.rubric_version(RUBRIC)
+        _write(ev, cand, {suite_id: scored}, replace=True)
+    row = conn.execute("SELECT * FROM train.eval_result WHERE adapter_id = %s", (cand,)).fetchone()
+    assert (row["judge_model"], row["rubric_version"], row["author_kind"]) == (
+        JUDGE,
+        evals.rubric_version(RUBRIC),
+        "evaluator",
+    )
+    if math.isnan(float(row["score"])):
+        assert "not a finite number" in _blockers(conn, cand)[0]
+    else:
+        # min_judge_kappa -1: any calibrated judge will do here; with none the gate refuses.
+        assert _blockers(conn, cand) == []
+        conn.execute("DELETE FROM train.judge_calibration WHERE suite_id = %s", (suite_id,))
+        assert "has no calibration" in _blockers(conn, cand)[0]
