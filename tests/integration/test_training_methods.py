@@ -211,3 +211,18 @@ def test_cancel_stops_a_running_worker(conn, db_url, tmp_path, models_dir, bases
     assert row["progress"]["step"] < 50 and "cancel" in row["error"]
     assert conn.execute("SELECT count(*) AS n FROM serve.adapter").fetchone()["n"] == 0
     _assert_base_pristine(bases)  # a cancelled run unloads its LoRA too
+
+
+def test_an_inference_forward_leaves_the_shared_base_pristine(bases, models_dir) -> None:  # type: ignore[no-untyped-def]
+    """The in-trainer evaluation runs the NF4 base in eval mode without grad: on a CPU with
+    AVX512-BF16, bitsandbytes would repack the weights for inference there, the fingerprint
+    would no longer match and every run with an eval split failed (the demo's did)."""
+    import torch
+
+    with bases.lease(bm.BUNDLED, models_dir) as base:
+        model = base.model
+        model.eval()
+        with torch.no_grad():
+            model(input_ids=torch.tensor([[1, 2, 3, 4]]))
+        model.train()
+    _assert_base_pristine(bases)

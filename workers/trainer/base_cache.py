@@ -70,6 +70,19 @@ def restore_dtypes(model: Any, dtypes: dict[str, Any]) -> None:
             param.data = param.data.to(want)
 
 
+def keep_nf4_layout(model: Any) -> None:
+    """Keep bitsandbytes from repacking the NF4 weights for CPU inference.
+
+    On a CPU with AVX512-BF16, a Linear4bit in eval mode rewrites its weight and quant state
+    into a CPU GEMM layout on its first forward without grad (the in-trainer evaluation does
+    that): the packed state no longer matches the fingerprint taken at load, so every run with
+    an eval split dropped the shared base and failed. Training never uses that layout.
+    """
+    for module in model.modules():
+        if hasattr(module, "support_avx512bf16_for_cpu"):
+            module.support_avx512bf16_for_cpu = False
+
+
 def has_adapter_layers(model: Any) -> bool:
     """True while any PEFT tuner layer is left in the model."""
     from peft.tuners.tuners_utils import BaseTunerLayer
@@ -107,6 +120,7 @@ class BaseCache:
         else:
             model = prepare_model_for_kbit_training(model, use_gradient_checkpointing=False)
         model.config.use_cache = False
+        keep_nf4_layout(model)
         self.loads += 1
         loaded = LoadedBase(
             name=name,
