@@ -19,6 +19,7 @@ from app.core.deps import get_pool
 from app.core.errors import database_required
 from app.experiments import service as experiments
 from app.experiments.charts import Series, line_chart
+from app.loop import service as loop
 
 router = APIRouter(include_in_schema=False)
 
@@ -31,7 +32,21 @@ STATUS_COLORS = {
     "prod": "#1a7f37",
     "retired": "#57606a",
     "failed": "#d1242f",
+    # loop cycle states
+    "triggered": "#8c959f",
+    "snapshot": "#8c959f",
+    "evaluating": "#9a6700",
+    "deciding": "#1f6feb",
+    "watching": "#1f6feb",
+    "promoted": "#1a7f37",
+    "rejected": "#57606a",
+    "rolled_back": "#d1242f",
 }
+# The policy fields the loop panel shows first (the rest follow in the table's order).
+LOOP_FIELDS_FIRST = (
+    "enabled", "paused", "method", "min_new_examples", "canary_pct", "decision_metric",
+    "decision_alpha", "decision_min_n", "watch_window",
+)  # fmt: skip
 
 CSS = """
 body{font:14px/1.45 system-ui,sans-serif;margin:0;color:#1f2328;background:#f6f8fa}
@@ -46,6 +61,9 @@ text-align:left;font-variant-numeric:tabular-nums}th{background:#f6f8fa}
 .charts{display:flex;flex-wrap:wrap;gap:12px}
 svg.chart{background:#fff;border:1px solid #eaeef2}svg .grid{stroke:#eaeef2}
 svg .tick,svg .legend{font-size:10px;fill:#57606a}svg .title{font-size:12px;font-weight:600}
+.loop .grid2{display:grid;grid-template-columns:repeat(auto-fill,minmax(230px,1fr));gap:2px 16px}
+.loop .fired{color:#1a7f37;font-weight:600}.loop .blocking{color:#d1242f}
+.loop .numbers{font-size:12px;color:#57606a}
 .verdict{font-weight:600}.canary_better{color:#1a7f37}.canary_worse{color:#d1242f}
 form.login{max-width:420px;margin:80px auto}input{width:100%;padding:6px;margin:6px 0}
 """
@@ -180,6 +198,79 @@ def _timeline(adapters: list[dict[str, Any]], events: list[dict[str, Any]]) -> s
     return "".join(parts)
 
 
+def _numbers(value: Any, prefix: str = "", depth: int = 0) -> list[str]:
+    """The scalar numbers of a decision's jsonb, flattened two levels deep ("metric.p_value")."""
+    out: list[str] = []
+    if isinstance(value, dict) and depth < 2:
+        for k, v in value.items():
+            out += _numbers(v, f"{prefix}{k}.", depth + 1)
+    elif (isinstance(value, int | float) and not isinstance(value, bool)) or (
+        isinstance(value, str) and prefix and len(value) < 60
+    ):
+        shown = f"{value:.4g}" if isinstance(value, float) else str(value)
+        out.append(f"{prefix[:-1]} = {shown}")
+    return out
+
+
+def _count(v: Any) -> str:
+    """A trigger's value or threshold: whole numbers without decimals."""
+    return f"{v:.0f}" if isinstance(v, float) and v.is_integer() else _num(v)
+
+
+def _loop_panel(conn: Any, route: str) -> str:
+    """One route's loop: policy, triggers with their values, the current cycle, the history."""
+    st = loop.status(conn, route=route)
+    p = st["policy"]
+    fields = [f for f in LOOP_FIELDS_FIRST if f in p] + [
+        f for f in loop.POLICY_FIELDS if f in p and f not in LOOP_FIELDS_FIRST
+    ]
+    policy = "".join(f"<div><b>{escape(f)}</b> {_count(p[f])}</div>" for f in fields)
+    switch = st["control"]
+    stopped = (
+        f'<p class="blocking">kill switch on: {escape(str(switch.get("reason")))}</p>'
+        if switch.get("paused")
+        else ""
+    )
+    trig = "".join(
+        f'<tr class="trigger"><td>{escape(t["trigger"])}</td>'
+        f'<td class="{"fired" if t["fired"] else ""}">{"fired" if t["fired"] else "no"}</td>'
+        f"<td>{_count(t['value'])}</td><td>{_count(t['threshold'])}</td>"
+        f"<td>{escape(t['line'])}</td></tr>"
+        for t in st["triggers"]
+    )
+    blocking = "; ".join(escape(x["line"]) for x in st["limits"] if x["blocking"])
+    cur = st["current_cycle"]
+    current = (
+        f'<p class="current">cycle {cur["id"]}: {_pill(cur["state"])} '
+        f"{escape(cur['waiting_for'] or '')}</p>"
+        if cur
+        else '<p class="current">no cycle in flight</p>'
+    )
+    rows = []
+    for c in st["cycles"][:10]:
+        full = loop.get_cycle(conn, cycle_id=int(c["id"])) or c
+        numbers = _numbers(full.get("experiment")) + _numbers(full.get("watch"), "watch.")
+        rows.append(
+            f'<tr class="cycle"><td>{c["id"]}</td><td>{escape(str(c["created_at"])[:19])}</td>'
+            f"<td>{escape(c['trigger'])}</td><td>{escape(c['method'] or '')}</td>"
+            f"<td>{_pill(c['state'])}</td><td>{escape(c['adapter_id'] or '')}</td>"
+            f"<td>{escape(c['decision'] or '')} {escape(c['decision_code'] or '')}</td>"
+            f"<td>{escape(c['decision_reason'] or c['error'] or '')}"
+            f'<div class="numbers">{escape("; ".join(numbers))}</div></td></tr>'
+        )
+    return (
+        f'<section class="loop" id="loop-{escape(route)}"><h2>Loop: {escape(route)}</h2>'
+        f'{stopped}<div class="grid2 policy">{policy}</div>'
+        "<h3>Triggers</h3><table><tr><th>trigger</th><th>fired</th><th>value</th>"
+        f"<th>threshold</th><th>now</th></tr>{trig}</table>"
+        + (f'<p class="blocking">held back: {blocking}</p>' if blocking else "")
+        + f"<h3>Current cycle</h3>{current}"
+        "<h3>History</h3><table><tr><th>cycle</th><th>started</th><th>trigger</th>"
+        "<th>method</th><th>state</th><th>adapter</th><th>decision</th><th>why, numbers</th></tr>"
+        f"{''.join(rows) or '<tr><td colspan=8>no cycles yet</td></tr>'}</table></section>"
+    )
+
+
 @router.get("/dashboard")
 def overview(request: Request, pool: PoolDep) -> Response:
     """Routes, adapters and their status timeline, running canaries, experiments, decisions."""
@@ -190,6 +281,7 @@ def overview(request: Request, pool: PoolDep) -> Response:
         reg = experiments.registry(conn)
         exps = experiments.list_experiments(conn)
         decisions = experiments.decisions(conn, limit=20)
+        loops = "".join(_loop_panel(conn, r["name"]) for r in reg["routes"])
     routes = "".join(
         f"<tr><td>{escape(r['name'])}</td><td>{escape(r['base_model'])}</td>"
         f"<td>{escape(r['experiment'])}</td></tr>"
@@ -229,6 +321,7 @@ def overview(request: Request, pool: PoolDep) -> Response:
         f"<th>variants</th><th>canary live</th><th>last traffic</th></tr>{exp_rows}</table>"
         "</section><section><h2>Automatic decisions</h2><table><tr><th>when</th><th>route</th>"
         f"<th>canary</th><th>action</th><th>why</th></tr>{dec_rows}</table></section>"
+        f"{loops}"
     )
     return _page("dashboard", body)
 

@@ -9,6 +9,7 @@ from typing import Any
 
 import httpx
 import pytest
+from psycopg.types.json import Jsonb
 
 from app.core.auth import create_key
 from app.main import create_app
@@ -39,6 +40,7 @@ def world(conn: Any, db_url: str) -> Iterator[dict[str, Any]]:
             p_up=p_up,
             seed=seed,
         )
+    _loop_rows(conn, tenant["id"], route["name"], canary["id"])
     with serve_app(create_app(db_url=db_url)) as base:
         yield {
             "base": base,
@@ -46,6 +48,32 @@ def world(conn: Any, db_url: str) -> Iterator[dict[str, Any]]:
             "ingest": create_key(conn, tenant_id=tenant["id"], role="ingest"),
             "other": create_key(conn, tenant_id=other["id"], role="reader"),
         }
+
+
+def _loop_rows(conn: Any, tenant_id: int, route: str, canary: str) -> None:
+    """The route's loop on, one finished cycle with its decision's numbers, one in flight."""
+    conn.execute(
+        "INSERT INTO loop.policy (route, tenant_id, enabled, min_new_examples, canary_pct)"
+        " VALUES (%s, %s, true, 24, 20)",
+        (route, tenant_id),
+    )
+    numbers = {"metric": {"control_value": 0.5, "canary_value": 0.61, "p_value": 0.0007,
+                          "n_control": 1600, "n_canary": 400}, "canary_users": 400}  # fmt: skip
+    conn.execute(
+        "INSERT INTO loop.cycle (tenant_id, route, state, trigger, method, adapter_id, decision,"
+        " decision_code, decision_reason, experiment, created_at, finished_at)"
+        " VALUES (%s, %s, 'rejected', 'volume', 'sft', 'support-es-v0', 'retire', 'worse',"
+        " 'canary significantly worse: thumbs_up_rate 0.52 -> 0.31', %s,"
+        " now() - interval '3 hours', now() - interval '2 hours')",
+        (tenant_id, route, Jsonb(numbers | {"metric": numbers["metric"] | {"p_value": 0.0123}})),
+    )
+    conn.execute(
+        "INSERT INTO loop.cycle (tenant_id, route, state, trigger, method, adapter_id,"
+        " canary_pct, experiment, waiting_for)"
+        " VALUES (%s, %s, 'deciding', 'volume', 'dpo', %s, 20, %s,"
+        " 'waiting for 500 rows per arm: thumbs_up_rate')",
+        (tenant_id, route, canary, Jsonb(numbers)),
+    )
 
 
 def _get(w: dict[str, Any], path: str, key: str) -> httpx.Response:
@@ -95,6 +123,7 @@ def test_dashboard_login(world: dict[str, Any]) -> None:
         assert "httponly" in cookie and "samesite=strict" in cookie
         home = client.get("/dashboard")
         assert "support-es-v2" in home.text and 'id="timeline"' in home.text
+        assert 'id="loop-support-es"' in home.text and "min_new_examples" in home.text
         exp = client.get("/dashboard/experiments/support-es-exp")
         assert exp.status_code == 200
         assert exp.text.count('class="line"') >= 8 and "canary significantly better" in exp.text
@@ -120,6 +149,7 @@ def test_dashboard_in_headless_chromium(world: dict[str, Any]) -> None:
             page.click("button[type=submit]")
             page.wait_for_selector("#timeline")
             assert page.locator("#timeline rect").count() >= 2
+            _check_loop_panel(page)
             page.screenshot(path=str(ARTIFACTS / "dashboard.png"), full_page=True)
             page.click("a[href='/dashboard/experiments/support-es-exp']")
             page.wait_for_selector("#chart-thumbs")
@@ -135,3 +165,33 @@ def test_dashboard_in_headless_chromium(world: dict[str, Any]) -> None:
             browser.close()
     assert errors == []
     assert (ARTIFACTS / "experiment.png").stat().st_size > 10_000
+
+
+def _check_loop_panel(page: Any) -> None:
+    """The loop panel shows the route's policy, every trigger's live value, the cycle in flight
+    and the history with each decision and its numbers."""
+    panel = page.locator("#loop-support-es")
+    assert panel.is_visible()
+    policy = panel.locator(".policy").inner_text()
+    assert (
+        "min_new_examples 24" in policy
+        and "canary_pct 20" in policy
+        and "min_interval 3600" in policy
+    ), policy
+    triggers = panel.locator("tr.trigger")
+    assert triggers.count() == 5
+    names = [triggers.nth(i).locator("td").first.inner_text() for i in range(5)]
+    assert names == ["forget", "decline", "drift", "volume", "schedule"]
+    # Live values from loop.triggers: the prod the decline trigger watches, the volume count
+    # since the newest cycle against the policy's threshold.
+    assert "support-es-v1" in triggers.nth(1).inner_text()
+    volume = triggers.nth(3).inner_text()
+    assert "no\t0\t24\twaiting: 0 of 24 usable" in volume, volume
+    current = panel.locator(".current").inner_text()
+    assert "deciding" in current and "waiting for 500 rows per arm" in current, current
+    cycles = panel.locator("tr.cycle")
+    assert cycles.count() == 2
+    newest, oldest = cycles.nth(0).inner_text(), cycles.nth(1).inner_text()
+    assert "deciding" in newest and "support-es-v2" in newest and "p_value = 0.0007" in newest
+    assert "retire worse" in oldest and "canary significantly worse" in oldest
+    assert "metric.p_value = 0.0123" in oldest and "metric.n_canary = 400" in oldest, oldest
