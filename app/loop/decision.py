@@ -1,9 +1,14 @@
-"""The loop's decisions on live traffic, in one place: swap the rule here.
+"""The loop's decisions on live traffic, in one place.
 
-Today both read SQL verdicts built on the fixed-horizon numbers of obs.experiment_compare
-(loop.canary_verdict) and a before/after two-proportion test of the guards
-(loop.watch_verdict). When the always-valid rule of issue 21 lands (its SQL decision functions
-and serve.watch_decision(route)), these two functions call it instead; nothing else changes.
+A canary is decided by the always-valid rule of serve.canary_decision (the normal-mixture
+mSPRT, valid however often the loop looks) under loop.decision_policy (the route's experiment
+policy with the loop policy's metric, alpha and sample floor); while it says `continue`, the
+loop's own canary budget (distinct users, duration: loop.canary_verdict) is checked, and when the
+budget runs out that verdict's single final look decides (non-inferior: promote; no data or
+worse: retire). A promotion is watched by serve.watch_decision on the policy's guards against
+the prod it replaced; a route whose first adapter replaced the bare base has no previous prod
+to compare with, and there loop.watch_verdict's before/after test against the base's traffic
+stands in.
 """
 
 from __future__ import annotations
@@ -36,18 +41,66 @@ class WatchVerdict:
     numbers: dict[str, Any]
 
 
+def _cycle(conn: Connection, cycle_id: int) -> dict[str, Any]:
+    row = conn.execute(
+        "SELECT route, adapter_id, coalesce(watch_until <= now(), false) AS watch_over"
+        " FROM loop.cycle WHERE id = %s",
+        (cycle_id,),
+    ).fetchone()
+    assert row is not None, f"no cycle {cycle_id}"
+    return dict(row)
+
+
 def decide_canary(conn: Connection, *, cycle_id: int) -> CanaryDecision:
     """The decision on a cycle's canary now."""
-    row = conn.execute("SELECT * FROM loop.canary_verdict(%s)", (cycle_id,)).fetchone()
-    assert row is not None
-    return CanaryDecision(row["decision"], row["code"], row["reason"], jsonable(row["numbers"]))
+    c = _cycle(conn, cycle_id)
+    valid = conn.execute(
+        "SELECT * FROM serve.canary_decision(%(r)s, loop.decision_policy(%(r)s))"
+        " WHERE canary_id = %(a)s",
+        {"r": c["route"], "a": c["adapter_id"]},
+    ).fetchone()
+    budget = conn.execute("SELECT * FROM loop.canary_verdict(%s)", (cycle_id,)).fetchone()
+    assert budget is not None
+    budget_numbers = jsonable(budget["numbers"])
+    numbers = {
+        "rule": "msprt (serve.canary_decision under loop.decision_policy)",
+        "always_valid": jsonable(valid["numbers"]) if valid else None,
+        "budget": budget_numbers.get("budget"),
+        "canary_users": budget_numbers.get("canary_users"),
+        "fixed_horizon": budget_numbers.get("metric"),
+    }
+    if valid is not None and valid["decision"] in ("promote", "retire"):
+        return CanaryDecision(valid["decision"], valid["code"], valid["reason"], numbers)
+    if (budget_numbers.get("budget") or {}).get("exhausted"):
+        return CanaryDecision(
+            budget["decision"], budget["code"], budget["reason"], numbers | {"rule": "budget"}
+        )
+    reason = valid["reason"] if valid is not None else budget["reason"]
+    code = valid["code"] if valid is not None else budget["code"]
+    return CanaryDecision("continue", code, reason, numbers)
 
 
 def watch(conn: Connection, *, cycle_id: int) -> WatchVerdict:
     """The guards of a newly promoted adapter now."""
+    c = _cycle(conn, cycle_id)
+    w = conn.execute(
+        "SELECT * FROM serve.watch_decision(%(r)s, NULL, loop.decision_policy(%(r)s))",
+        {"r": c["route"]},
+    ).fetchone()
+    if w is not None and w["code"] != "no_previous_prod" and w["adapter_id"] == c["adapter_id"]:
+        code = str(w["code"])
+        return WatchVerdict(
+            regressed=w["decision"] == "rollback",
+            # the loop's own window (loop.cycle.watch_until) ends the watch too
+            done=w["decision"] == "keep" or (w["decision"] != "rollback" and c["watch_over"]),
+            metric=code.removeprefix("guard_") if w["decision"] == "rollback" else None,
+            reason=w["reason"],
+            numbers={"rule": "msprt (serve.watch_decision)"} | jsonable(w["numbers"]),
+        )
     row = conn.execute("SELECT * FROM loop.watch_verdict(%s)", (cycle_id,)).fetchone()
     assert row is not None
     return WatchVerdict(
         bool(row["regressed"]), bool(row["done"]), row["metric"], row["reason"],
-        jsonable(row["numbers"]),
+        {"rule": "before/after two-proportion test (loop.watch_verdict)"}
+        | jsonable(row["numbers"]),
     )  # fmt: skip

@@ -45,11 +45,11 @@ REVOKE EXECUTE ON FUNCTION loop.route_tenant(text), loop.effective_policy(text),
   loop.signal_counts(text, timestamptz), loop.last_cycle_at(text), loop.trigger_volume(text),
   loop.trigger_schedule(text), loop.trigger_decline(text), loop.trigger_drift(text),
   loop.trigger_forget(text), loop.limits(text), loop.start_due_cycles(),
-  loop.canary_verdict(bigint), loop.watch_verdict(bigint),
+  loop.canary_verdict(bigint), loop.watch_verdict(bigint), loop.decision_policy(text),
   loop.set_control(boolean, text, text) FROM PUBLIC;
 GRANT EXECUTE ON FUNCTION loop.route_tenant(text), loop.effective_policy(text),
   loop.signal_counts(text, timestamptz), loop.last_cycle_at(text), loop.trigger_volume(text),
   loop.trigger_schedule(text), loop.trigger_decline(text), loop.trigger_drift(text),
-  loop.trigger_forget(text), loop.limits(text)
+  loop.trigger_forget(text), loop.limits(text), loop.decision_policy(text)
   TO cft_app, cft_release;
 GRANT EXECUTE ON FUNCTION loop.set_control(boolean, text, text) TO cft_app;

@@ -1,8 +1,33 @@
--- What the loop decides on live traffic. app/loop/decision.py is the only caller, so the rule
--- can be swapped in one place (for the always-valid sequential decision of issue 21).
+-- What the loop decides on live traffic. app/loop/decision.py is the only caller: it decides a
+-- canary and watches a promotion by the always-valid rule (serve.canary_decision and
+-- serve.watch_decision under loop.decision_policy), and reads loop.canary_verdict for the
+-- canary's budget (distinct users, duration), which the loop owns.
 
--- The canary of a cycle against the route's prod, on obs.experiment_compare's fixed-horizon
--- numbers since the canary opened (decision_metric at decision_alpha, regen_rate as guard):
+-- The experiment policy the loop decides by: the route's (serve.experiment_policy_of: its
+-- guards, mixture, ttft rule) with the loop policy's metric, alpha, sample floor and watch window;
+-- no budget of its own (the loop's canary budget applies, see loop.canary_verdict).
+CREATE OR REPLACE FUNCTION loop.decision_policy(p_route text) RETURNS serve.experiment_policy
+LANGUAGE plpgsql STABLE SECURITY DEFINER SET search_path = pg_catalog, public AS $$
+DECLARE
+  e serve.experiment_policy := serve.experiment_policy_of(p_route);
+  p loop.policy := loop.effective_policy(p_route);
+BEGIN
+  e.route := p_route;
+  e.metric := p.decision_metric;
+  e.alpha := p.decision_alpha;
+  e.min_n := greatest(p.decision_min_n, 2);
+  e.watch_window := p.watch_window;
+  e.max_n_per_arm := NULL;
+  e.max_duration := NULL;
+  RETURN e;
+END
+$$;
+
+-- The canary's budget, and a fixed-horizon reading: the canary of a cycle against the route's
+-- prod, on obs.experiment_compare's numbers since the canary opened (decision_metric at
+-- decision_alpha, regen_rate as guard). app/loop/decision.py uses its budget branches (one
+-- final look when the budget runs out, so a single fixed-horizon test); the verdicts before the
+-- budget runs out come from the always-valid serve.canary_decision:
 --   promote  - significantly better on the metric, guard not significantly worse;
 --   retire   - significantly worse on the metric, or on the guard;
 --   continue - not yet (too few rows per arm, or no significant difference);

@@ -111,7 +111,8 @@ $$;
 --            control_not_prod).
 -- numbers: primary (the always-valid row), guards, comparisons (every metric), fixed_horizon
 -- (obs.experiment_compare over the policy's window_size: for reading, not valid under peeking).
-CREATE OR REPLACE FUNCTION serve.canary_decision(p_route text)
+CREATE OR REPLACE FUNCTION serve.canary_decision(p_route text,
+                                                 p_policy serve.experiment_policy DEFAULT NULL)
 RETURNS TABLE (canary_id text, control_id text, decision text, code text, reason text,
                numbers jsonb)
 LANGUAGE plpgsql SET search_path = pg_catalog, public AS $$
@@ -141,7 +142,8 @@ BEGIN
   IF NOT FOUND THEN
     RETURN;
   END IF;
-  pol := serve.experiment_policy_of(p_route);
+  -- A caller may decide by a policy of its own (the loop: loop.decision_policy(route)).
+  pol := CASE WHEN p_policy.route IS NULL THEN serve.experiment_policy_of(p_route) ELSE p_policy END;
   v_exp := coalesce(v_rt.experiment, v_rt.name);
   v_prod := serve.current_prod(p_route);
   v_tau_rate := CASE WHEN pol.metric <> 'feedback_mean' THEN coalesce(pol.mixture_sd, 0.05) ELSE 0.05 END;
@@ -248,7 +250,7 @@ BEGIN
   END LOOP;
 END
 $$;
-COMMENT ON FUNCTION serve.canary_decision(text) IS
+COMMENT ON FUNCTION serve.canary_decision(text, serve.experiment_policy) IS
   'Per canary of the route against its prod, by the always-valid mSPRT on the policy''s metric '
   'over all the canary arm''s traffic since its first row: promote (significantly better, no '
   'guard broken), retire (significantly worse, a guard broken, or budget exhausted) or continue; '
@@ -265,7 +267,8 @@ COMMENT ON FUNCTION serve.canary_decision(text) IS
 -- The baseline is historical (the old prod cannot serve beside the new one), so a change of
 -- traffic at the promotion is attributed to the adapter. numbers.restorable says whether
 -- serve.rollback(route, reason) can restore the previous prod. Reads only.
-CREATE OR REPLACE FUNCTION serve.watch_decision(p_route text, p_window interval DEFAULT NULL)
+CREATE OR REPLACE FUNCTION serve.watch_decision(p_route text, p_window interval DEFAULT NULL,
+                                                p_policy serve.experiment_policy DEFAULT NULL)
 RETURNS TABLE (adapter_id text, previous_id text, decision text, code text, reason text,
                numbers jsonb)
 LANGUAGE plpgsql SET search_path = pg_catalog, public AS $$
@@ -289,7 +292,7 @@ BEGIN
   IF NOT FOUND THEN
     RETURN;
   END IF;
-  pol := serve.experiment_policy_of(p_route);
+  pol := CASE WHEN p_policy.route IS NULL THEN serve.experiment_policy_of(p_route) ELSE p_policy END;
   v_window := coalesce(p_window, pol.watch_window);
   v_prod := serve.current_prod(p_route);
   adapter_id := v_prod;
@@ -356,7 +359,7 @@ BEGIN
   RETURN NEXT;
 END
 $$;
-COMMENT ON FUNCTION serve.watch_decision(text, interval) IS
+COMMENT ON FUNCTION serve.watch_decision(text, interval, serve.experiment_policy) IS
   'The watch after a promotion: the route''s prod since its promoted_at against the prod it '
   'replaced (previous_prod_id) over the same length before, on the policy''s guards (always-valid '
   'mSPRT bounds against the margins), within window (default watch_window): rollback (a guard '
