@@ -1,15 +1,23 @@
-"""The demo loop: a simulated product drives cft end to end through its public APIs.
+"""The demo: a simulated product and its users, while cft runs the loop by itself.
 
-Every step goes through what a real customer would use: the OpenAI client through the router,
-`POST /v1/logs/{id}/feedback`, and the REST API for routes, snapshots, training runs, adapters
-and experiments. Nothing here touches the database directly.
+The demo plays only the product. It creates its route and its house-style eval suite, turns the
+route's loop on with the demo thresholds (one `PUT /v1/routes/{route}/loop`), and from then on
+only sends users: chat through the router with the official OpenAI SDK, thumbs, regenerate,
+edit (`POST /v1/logs/{id}/feedback`). `cft worker loop` snapshots, trains, evaluates, opens the
+canary, decides and promotes on its own. To pace its users (a full round while a canary needs
+traffic, a trickle while the CPU trains) and to narrate, the demo reads `loop.cycle` over a
+read-only SQL session, as a dashboard would; the report reads what happened from SQL too
+(app/demo/report.py). Every HTTP path the demo calls is recorded (Client.calls), so a test can
+check it drove nothing but users.
 """
 
 from __future__ import annotations
 
 import random
+import re
 import threading
 import time
+from collections import Counter
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
@@ -18,109 +26,100 @@ from typing import Any
 import httpx
 import openai
 
+from app.core.db import Connection, connect
 from app.demo.product import STYLE_REGEX, Question, UserBehaviour, follows_style, questions
 
 Say = Callable[[str], None]
+TERMINAL = ("promoted", "rejected", "rolled_back", "failed")
+QUIET_STATES = ("triggered", "snapshot", "training", "evaluating", "canary")
+
+# The demo's loop policy (README "What `make run` shows" says why each value differs from the
+# default). Everything else keeps its default.
+DEMO_HYPERPARAMETERS: dict[str, Any] = {
+    "learning_rate": 2e-3, "lr_scheduler": "constant", "warmup": 0.0, "max_steps": 10,
+    "batch_size": 8, "grad_accum": 1, "max_length": 128,
+}  # fmt: skip
+
+
+def demo_policy(*, min_new_examples: int = 24, max_steps: int = 10) -> dict[str, Any]:
+    """The body of the demo's one PUT /v1/routes/{route}/loop."""
+    return {
+        "enabled": True,
+        "min_new_examples": min_new_examples,
+        "canary_pct": 50,
+        "canary_max_duration": 300,
+        "decision_min_n": 10,
+        "watch_window": 30,
+        "watch_min_n": 20,
+        "hyperparameters": DEMO_HYPERPARAMETERS | {"max_steps": max_steps},
+    }
 
 
 @dataclass
-class LoopConfig:
-    """Sizes and knobs of one loop (the defaults are what `make run` uses)."""
+class DemoConfig:
+    """Sizes and knobs of one demo (the defaults are what `make run` uses)."""
 
     route: str = "support"
     experiment: str = "support-house-style"
-    users: int = 48
-    canary_users_per_round: int = 40
-    canary_rounds: int = 6
-    canary_pct: float = 20.0
+    users: int = 48  # the first phase, talking to the base model
+    round_users: int = 40  # users per round while a canary collects traffic
+    quiet_users: int = 1  # users per round while the platform trains and evaluates
+    quiet_pause_s: float = 10.0
+    held_out_users: int = 30  # new users asking held-out questions after the promotion
     max_tokens: int = 12
     temperature: float = 0.7
     concurrency: int = 8
-    sft_hyperparameters: dict[str, Any] = field(
-        default_factory=lambda: {
-            "learning_rate": 2e-3, "max_steps": 14, "batch_size": 8, "grad_accum": 1,
-            "max_length": 128, "warmup": 0.0, "lr_scheduler": "constant",
-        }
-    )  # fmt: skip
-    preference_method: str | None = "dpo"
-    preference_hyperparameters: dict[str, Any] = field(
-        default_factory=lambda: {
-            "learning_rate": 1e-3, "max_steps": 8, "batch_size": 4, "grad_accum": 1,
-            "max_length": 128, "warmup": 0.0, "lr_scheduler": "constant", "beta": 0.1,
-        }
-    )  # fmt: skip
-    alpha: float = 0.05
-    min_arm_n: int = 15  # users per arm before a significant difference counts
-    # Let the evaluator finish the SFT adapter before the next run trains: on a CPU-only machine
-    # a training run next to the evaluator's generations oversubscribes the cores and both crawl.
-    one_heavy_job_at_a_time: bool = True
     seed: int = 1
     suite_cases: int = 30
+    budget_s: float = 900.0  # the demo stops sending users after this long
+    policy: dict[str, Any] = field(default_factory=demo_policy)
 
     @classmethod
-    def quick(cls) -> LoopConfig:
-        """A shortened loop for CI: fewer users, steps and eval cases (same phases)."""
-        cfg = cls(users=32, canary_users_per_round=30, canary_rounds=6, suite_cases=10)
-        cfg.min_arm_n = 8
-        cfg.sft_hyperparameters |= {"max_steps": 12}
-        cfg.preference_hyperparameters |= {"max_steps": 3, "batch_size": 2}
-        return cfg
+    def quick(cls) -> DemoConfig:
+        """The shortened demo CI runs: fewer users, steps and eval cases (same loop)."""
+        return cls(
+            users=32, round_users=30, held_out_users=20, suite_cases=10, budget_s=720.0,
+            policy=demo_policy(min_new_examples=16),
+        )  # fmt: skip
 
 
 @dataclass
 class Keys:
-    """API keys of the demo tenant, one per role the loop plays."""
+    """API keys of the demo tenant: the product's client key and the trainer key for setup."""
 
     client: str
     trainer: str
-    release: str
-    reader: str
 
 
-@dataclass
-class Report:
-    """What the loop measured (printed at the end, and returned to bench/loop.py)."""
-
-    phases: dict[str, float] = field(default_factory=dict)
-    calls: int = 0
-    feedback: int = 0
-    base_style_rate: float | None = None
-    datasets: dict[str, dict[str, Any]] = field(default_factory=dict)
-    runs: dict[str, dict[str, Any]] = field(default_factory=dict)
-    evals: dict[str, dict[str, float]] = field(default_factory=dict)
-    canary: str | None = None
-    arms: list[dict[str, Any]] = field(default_factory=list)
-    comparison: dict[str, Any] | None = None
-    promoted: str | None = None
-    serving_after: str | None = None
-    first_feedback_at: float | None = None
-    live_at: float | None = None
-
-    @property
-    def feedback_to_live_s(self) -> float | None:
-        """Seconds from the first feedback to the new adapter serving all traffic."""
-        if self.first_feedback_at is None or self.live_at is None:
-            return None
-        return self.live_at - self.first_feedback_at
+class DemoError(RuntimeError):
+    """The demo could not go on; the message says why."""
 
 
-class LoopError(RuntimeError):
-    """A phase could not complete; the message says which and why."""
+_REQUEST_ID = re.compile(r"^/v1/logs/[^/]+/feedback$")
 
 
 class Client:
-    """The product's view of cft: HTTP + the OpenAI client."""
+    """The product's view of cft: REST + the OpenAI SDK, recording every path it calls."""
 
     def __init__(self, api: str, keys: Keys):
         self.api = api.rstrip("/")
         self.keys = keys
-        self.http = httpx.Client(base_url=self.api, timeout=120)
+        self.calls: Counter[str] = Counter()
+        self._lock = threading.Lock()
+        hooks = {"request": [self._record]}
+        self.http = httpx.Client(base_url=self.api, timeout=120, event_hooks=hooks)
         self.openai = openai.OpenAI(
-            base_url=self.api + "/v1", api_key=keys.client, max_retries=2, timeout=300
-        )
+            base_url=self.api + "/v1", api_key=keys.client, max_retries=2, timeout=300,
+            http_client=openai.DefaultHttpxClient(event_hooks={"request": [self._record]}),
+        )  # fmt: skip
+
+    def _record(self, request: Any) -> None:  # an httpx request (the SDK's httpx2 one too)
+        path = _REQUEST_ID.sub("/v1/logs/{request_id}/feedback", request.url.path)
+        with self._lock:
+            self.calls[f"{request.method} {path}"] += 1
 
     def call(self, role: str, method: str, path: str, **kw: Any) -> Any:
-        """One REST call with the key of role; raises LoopError with cft's message."""
+        """One REST call with the key of role; raises DemoError with cft's message."""
         key = getattr(self.keys, role)
         resp = self.http.request(method, path, headers={"Authorization": f"Bearer {key}"}, **kw)
         if resp.status_code >= 400:
@@ -128,393 +127,208 @@ class Client:
                 message = resp.json()["error"]["message"]
             except Exception:
                 message = resp.text[:300]
-            raise LoopError(f"{method} {path} -> {resp.status_code}: {message}")
+            raise DemoError(f"{method} {path} -> {resp.status_code}: {message}")
         return resp.json() if resp.content else None
-
-
-def _chat(c: Client, cfg: LoopConfig, user: str, q: Question) -> tuple[str, str, str]:
-    raw = c.openai.chat.completions.with_raw_response.create(
-        model=cfg.route,
-        messages=q.messages,  # type: ignore[arg-type]
-        max_tokens=cfg.max_tokens,
-        temperature=cfg.temperature,
-        user=user,
-    )
-    resp = raw.parse()
-    text = resp.choices[0].message.content or ""
-    return raw.headers["x-request-id"], raw.headers.get("x-cft-adapter", ""), text
 
 
 class Traffic:
     """Simulated users talking to the route and giving feedback."""
 
-    def __init__(self, c: Client, cfg: LoopConfig, report: Report, say: Say):
-        self.c, self.cfg, self.report, self.say = c, cfg, report, say
+    def __init__(self, c: Client, cfg: DemoConfig, say: Say):
+        self.c, self.cfg, self.say = c, cfg, say
         self.behaviour = UserBehaviour()
-        self._lock = threading.Lock()
+
+    def _chat(self, user: str, q: Question) -> tuple[str, str]:
+        raw = self.c.openai.chat.completions.with_raw_response.create(
+            model=self.cfg.route,
+            messages=q.messages,  # type: ignore[arg-type]
+            max_tokens=self.cfg.max_tokens,
+            temperature=self.cfg.temperature,
+            user=user,
+        )
+        return raw.headers["x-request-id"], raw.parse().choices[0].message.content or ""
 
     def _feedback(self, rid: str, body: dict[str, Any]) -> None:
         self.c.call("client", "POST", f"/v1/logs/{rid}/feedback", json=body)
-        with self._lock:
-            self.report.feedback += 1
-            if self.report.first_feedback_at is None:
-                self.report.first_feedback_at = time.time()
 
-    def one_user(self, user: str, q: Question, rng: random.Random) -> tuple[str, bool]:
-        """A user asks once, rates, maybe regenerates or edits; returns (adapter, liked)."""
-        rid, adapter, text = _chat(self.c, self.cfg, user, q)
-        liked = follows_style(text)
-        with self._lock:
-            self.report.calls += 1
-        self._feedback(rid, {"thumbs": 1 if liked else -1})
-        if liked:
-            return adapter, True
-        if rng.random() < self.behaviour.p_regenerate:
-            rid2, _, text2 = _chat(self.c, self.cfg, user, q)
-            with self._lock:
-                self.report.calls += 1
-            self._feedback(rid, {"regenerated": True, "regenerated_by": rid2})
-            self._feedback(rid2, {"thumbs": 1 if follows_style(text2) else -1})
+    def one_user(self, user: str, q: Question, rng: random.Random) -> bool:
+        """A user asks once and reacts (thumbs up; or edit; or thumbs down, maybe regenerate)."""
+        rid, text = self._chat(user, q)
+        if follows_style(text):
+            self._feedback(rid, {"thumbs": 1})
+            return True
         if rng.random() < self.behaviour.p_edit:
             self._feedback(rid, {"edited_completion": q.wanted_answer()})
-        return adapter, False
+            return False
+        self._feedback(rid, {"thumbs": -1})
+        if rng.random() < self.behaviour.p_regenerate:
+            rid2, text2 = self._chat(user, q)
+            self._feedback(rid, {"regenerated": True, "regenerated_by": rid2})
+            self._feedback(rid2, {"thumbs": 1 if follows_style(text2) else -1})
+        return False
 
-    def run(self, users: list[tuple[str, Question]], seed: int) -> list[tuple[str, bool]]:
-        """Let users talk concurrently (the engine batches them); returns their outcomes."""
-        done = 0
-        results: list[tuple[str, bool]] = []
+    def run(self, users: list[tuple[str, Question]], seed: int, concurrency: int) -> int:
+        """Let users talk concurrently (the engine batches them); returns how many liked it."""
 
-        def work(i: int) -> tuple[str, bool]:
+        def work(i: int) -> bool:
             user, q = users[i]
             return self.one_user(user, q, random.Random(seed * 100_003 + i))
 
-        pool = ThreadPoolExecutor(self.cfg.concurrency)
+        pool = ThreadPoolExecutor(concurrency)
         try:
-            for outcome in pool.map(work, range(len(users))):
-                results.append(outcome)
-                done += 1
-                if done % 10 == 0 or done == len(users):
-                    liked = sum(1 for _, ok in results if ok)
-                    self.say(f"  {done}/{len(users)} users served, {liked} liked their answer")
+            return sum(pool.map(work, range(len(users))))
         finally:
             # On Ctrl-C, users not yet started are dropped at once; calls in flight finish on
             # their own (their threads are not waited for, so shutdown is not held up).
             pool.shutdown(wait=False, cancel_futures=True)
-        return results
 
 
-def _phase(report: Report, name: str, say: Say) -> Callable[[], None]:
-    start = time.time()
-    say(f"\n== {name}")
+class CycleView:
+    """The route's newest loop cycle, read over a read-only SQL session (never written)."""
 
-    def end() -> None:
-        report.phases[name] = time.time() - start
-        say(f"   ({report.phases[name]:.0f} s)")
+    def __init__(self, db_url: str, route: str):
+        self.route = route
+        self.conn: Connection = connect(db_url, autocommit=True)
+        self.conn.execute("SET default_transaction_read_only = on")
 
-    return end
+    def current(self) -> dict[str, Any] | None:
+        """The newest cycle's state and what it waits for, or None before the first."""
+        return self.conn.execute(
+            "SELECT id, state, waiting_for, adapter_id, method, error, decision_reason"
+            " FROM loop.cycle WHERE route = %s ORDER BY id DESC LIMIT 1",
+            (self.route,),
+        ).fetchone()
 
+    def volume_line(self) -> str:
+        """The volume trigger's line ("waiting: 14 of 24 usable edits ...")."""
+        row = self.conn.execute(
+            "SELECT line FROM loop.triggers(%s) WHERE trigger = 'volume'", (self.route,)
+        ).fetchone()
+        return str(row["line"]) if row else "?"
 
-def _train(
-    c: Client, cfg: LoopConfig, report: Report, method: str, hp: dict[str, Any], say: Say
-) -> str:
-    snap = c.call(
-        "trainer", "POST", "/v1/datasets/snapshots", json={"route": cfg.route, "method": method}
-    )
-    report.datasets[method] = {
-        "id": snap["id"],
-        "counts": snap["counts"],
-        "n_train": snap["n_train"],
-        "n_eval": snap["n_eval"],
-    }
-    say(
-        f"  snapshot {method}: {snap['n_train']} train / {snap['n_eval']} eval examples;"
-        f" steps: {snap['counts']}"
-    )
-    if snap["n_train"] == 0:
-        raise LoopError(f"the {method} snapshot is empty: not enough feedback of that kind yet")
-    run = c.call(
-        "trainer",
-        "POST",
-        "/v1/training-runs",
-        json={
-            "route": cfg.route,
-            "method": method,
-            "snapshot_id": snap["id"],
-            "hyperparameters": hp,
-        },
-    )
-    say(
-        f"  training run {run['id']} queued"
-        f" ({method}, QLoRA r={run['hyperparameters'].get('rank')})"
-    )
-    last = None
-    while True:
-        run = c.call("trainer", "GET", f"/v1/training-runs/{run['id']}")
-        prog = run.get("progress") or {}
-        line = (run["status"], prog.get("step"), prog.get("loss"))
-        if line != last and run["status"] == "running" and prog.get("step") is not None:
-            loss = prog.get("loss")
-            say(
-                f"  step {prog.get('step')}/{prog.get('total_steps', prog.get('total', '?'))}"
-                + (f" loss {loss:.3f}" if isinstance(loss, int | float) else "")
-                + (
-                    f" eta {prog['eta_s']:.0f}s"
-                    if isinstance(prog.get("eta_s"), int | float)
-                    else ""
-                )
-            )
-            last = line
-        if run["status"] in ("succeeded", "failed", "cancelled"):
-            break
-        time.sleep(1.0)
-    report.runs[method] = run
-    if run["status"] != "succeeded":
-        raise LoopError(f"training run {run['id']} {run['status']}: {run.get('error')}")
-    say(f"  adapter {run['adapter_id']} registered as candidate")
-    return str(run["adapter_id"])
+    def close(self) -> None:
+        """Close the session."""
+        self.conn.close()
 
 
-def _flatten(scores: Any) -> dict[str, float]:
-    out: dict[str, float] = {}
-    for suite, metrics in (scores or {}).items():
-        if isinstance(metrics, dict):
-            for metric, value in metrics.items():
-                if isinstance(value, int | float) and metric not in ("n", "passed"):
-                    out[f"{suite}/{metric}"] = float(value)
-    return out
-
-
-def _wait_evals(
-    c: Client, adapter_id: str, say: Say, timeout: float = 900
-) -> tuple[dict[str, float], dict[str, float]]:
-    """The adapter's eval scores and the base's, once the evaluator has finished."""
-    deadline = time.time() + timeout
-    while time.time() < deadline:
-        a = c.call("reader", "GET", f"/v1/adapters/{adapter_id}")
-        summary = a.get("eval_summary") or {}
-        if summary.get("evaluator") and a.get("eval_results"):
-            scores = {
-                f"{r['suite_id']}/{r['metric']}": float(r["score"]) for r in a["eval_results"]
-            }
-            return scores, _flatten((summary.get("results") or {}).get("base"))
-        time.sleep(1.0)
-    raise LoopError(
-        f"no eval results for {adapter_id} after {timeout:.0f} s (is the evaluator running?)"
-    )
-
-
-def _pass_rate(scores: dict[str, float]) -> float:
-    rates = [v for k, v in scores.items() if k.endswith("pass_rate")]
-    return max(rates) if rates else float("nan")
-
-
-def run_loop(api: str, keys: Keys, cfg: LoopConfig | None = None, say: Say = print) -> Report:
-    """Run the whole loop; returns the report (raises LoopError naming the failed phase)."""
-    cfg = cfg or LoopConfig()
-    c = Client(api, keys)
-    report = Report()
-    traffic = Traffic(c, cfg, report, say)
-    train_qs, held_qs = questions()
-
-    end = _phase(report, "setup: route and house-style eval suite", say)
+def _setup(c: Client, cfg: DemoConfig, held_qs: list[Question], say: Say) -> None:
+    """The product's setup: its route, its house-style eval suite, the loop turned on."""
     try:
         c.call(
             "trainer", "POST", "/v1/routes", json={"name": cfg.route, "experiment": cfg.experiment}
         )
         say(f"  route {cfg.route} created (serving the bare base model)")
-    except LoopError as exc:
+    except DemoError as exc:
         if "-> 409" not in str(exc):
             raise
         say(f"  route {cfg.route} exists: resuming")
-    suite = {
-        "id": f"{cfg.route}-house-style",
-        "name": "house-style",
-        "route": cfg.route,
-        "cases": [
-            {
-                "messages": q.messages,
-                "check": "regex",
-                "expected": STYLE_REGEX,
-                "max_tokens": cfg.max_tokens,
-            }
-            for q in held_qs[: cfg.suite_cases]
-        ],
-    }
+    cases = [
+        {"messages": q.messages, "check": "regex", "expected": STYLE_REGEX,
+         "max_tokens": cfg.max_tokens}
+        for q in held_qs[: cfg.suite_cases]
+    ]  # fmt: skip
+    suite = {"id": f"{cfg.route}-house-style", "name": "house-style", "route": cfg.route,
+             "cases": cases}  # fmt: skip
     try:
         c.call("trainer", "POST", "/v1/eval-suites", json=suite)
-        say(
-            f"  eval suite house-style: {len(suite['cases'])} held-out questions,"
-            f" check /{STYLE_REGEX}/"
-        )
-    except LoopError as exc:
+        say(f"  eval suite house-style: {len(cases)} held-out questions, check /{STYLE_REGEX}/")
+    except DemoError as exc:
         if "-> 409" not in str(exc):
             raise
-    end()
+    c.call("trainer", "PUT", f"/v1/routes/{cfg.route}/loop", json=cfg.policy)
+    shown = {k: v for k, v in cfg.policy.items() if k != "hyperparameters"}
+    say(f"  loop enabled: PUT /v1/routes/{cfg.route}/loop {shown}")
+    say(f"    hyperparameters {cfg.policy.get('hyperparameters')}")
+    say("  from here on the demo only sends users; the platform runs the loop")
 
-    end = _phase(report, "observe: users talk to the base model and give feedback", say)
-    users = [(f"user-{i:04d}", train_qs[i % len(train_qs)]) for i in range(cfg.users)]
-    outcomes = traffic.run(users, cfg.seed)
-    report.base_style_rate = sum(ok for _, ok in outcomes) / max(len(outcomes), 1)
-    say(
-        f"  {report.calls} calls logged, {report.feedback} feedback events;"
-        f" house style followed by the base: {report.base_style_rate:.0%}"
-    )
-    end()
 
-    end = _phase(report, "train: SFT on the edits", say)
-    candidates = [_train(c, cfg, report, "sft", cfg.sft_hyperparameters, say)]
-    end()
-    if cfg.preference_method:
-        end = _phase(report, f"train: {cfg.preference_method.upper()} on the preference pairs", say)
-        if cfg.one_heavy_job_at_a_time:
-            say(f"  the evaluator scores {candidates[0]} first (one CPU-heavy job at a time)")
-            _wait_evals(c, candidates[0], say)
-        try:
-            candidates.append(
-                _train(c, cfg, report, cfg.preference_method, cfg.preference_hyperparameters, say)
-            )
-        except LoopError as exc:
-            say(f"  skipped: {exc}")
-        end()
+@dataclass
+class DemoRun:
+    """What the demo itself saw (the report adds what SQL says happened)."""
 
-    end = _phase(report, "evaluate: held-out and house-style suites (evaluator worker)", say)
-    for adapter_id in candidates:
-        report.evals[adapter_id], base_scores = _wait_evals(c, adapter_id, say)
-        if base_scores:
-            report.evals.setdefault("base", {}).update(base_scores)
-        say(
-            f"  {adapter_id}: "
-            + ", ".join(f"{k}={v:.3f}" for k, v in sorted(report.evals[adapter_id].items()))
-        )
-    if report.evals.get("base"):
-        say("  base: " + ", ".join(f"{k}={v:.3f}" for k, v in sorted(report.evals["base"].items())))
-    best = max(candidates, key=lambda a: _pass_rate(report.evals[a]))
-    end()
+    route: str
+    started_at: float
+    phases: dict[str, float] = field(default_factory=dict)
+    users: dict[str, int] = field(default_factory=dict)
+    liked: dict[str, int] = field(default_factory=dict)
+    held_out_prompts: list[str] = field(default_factory=list)
+    calls: dict[str, int] = field(default_factory=dict)
+    final_state: str | None = None
+    stopped: str | None = None
 
-    end = _phase(report, f"canary: {best} at {cfg.canary_pct:g} % of users", say)
-    c.call(
-        "release",
-        "POST",
-        f"/v1/adapters/{best}/canary",
-        json={"traffic_pct": cfg.canary_pct, "reason": "demo: best house-style pass rate"},
-    )
-    report.canary = best
-    say("  canary started; users are split by a sticky hash of (experiment, user)")
-    winner = None
-    for rnd in range(cfg.canary_rounds):
-        base = 1000 + rnd * cfg.canary_users_per_round
-        qs = train_qs + held_qs
-        users = [
-            (f"user-{base + i:04d}", qs[(base + i) % len(qs)])
-            for i in range(cfg.canary_users_per_round)
-        ]
-        traffic.run(users, cfg.seed + rnd + 1)
-        m = c.call(
-            "reader",
-            "GET",
-            f"/v1/experiments/{cfg.experiment}/metrics",
-            params={"window": "1d", "alpha": cfg.alpha},
-        )
-        report.arms = m["arms"]
-        comps = [
-            x
-            for x in m["comparisons"]
-            if x["canary_adapter"] == best and "thumbs_up" in x["metric"]
-        ]
-        for arm in m["arms"]:
-            rate = arm.get("thumbs_up_rate")
-            say(
-                f"  variant {arm['variant']} {arm['adapter_id']}: n={arm['n']} thumbs-up "
-                + (
-                    f"{rate:.0%} [{arm['thumbs_up_ci_low']:.0%}, {arm['thumbs_up_ci_high']:.0%}]"
-                    if rate is not None
-                    else "n/a"
-                )
-            )
-        if comps:
-            report.comparison = comps[0]
-            cmp = comps[0]
-            say(
-                f"  canary - prod = {cmp['diff']:+.2f}, p = {cmp['p_value']:.2g}"
-                f" ({'significant' if cmp['significant'] else 'not significant yet'})"
-            )
-            enough = min(cmp["n_canary"] or 0, cmp["n_control"] or 0) >= cfg.min_arm_n
-            if cmp["significant"] and cmp["canary_better"] and enough:
-                winner = best
+
+PHASE_TITLES = {
+    "observe": "observe: users talk to the base model and give feedback",
+    "quiet": "the platform works: a trickle of users while it snapshots, trains and evaluates",
+    "canary": "canary: users keep coming; the loop splits them and decides",
+    "held_out": "after the promotion: new users ask held-out questions",
+}
+
+
+def run_demo(api: str, db_url: str, keys: Keys, cfg: DemoConfig, say: Say = print) -> DemoRun:
+    """Set up, enable the loop, then send users phase by phase until the cycle ends."""
+    c = Client(api, keys)
+    view = CycleView(db_url, cfg.route)
+    traffic = Traffic(c, cfg, say)
+    train_qs, held_qs = questions()
+    run = DemoRun(route=cfg.route, started_at=time.time())
+    run.held_out_prompts = [q.messages[0]["content"] for q in held_qs]
+    deadline = run.started_at + cfg.budget_s
+    say("\n== setup: route, house-style eval suite, the loop on")
+    _setup(c, cfg, held_qs, say)
+
+    phase, phase_at, seen, n_train, n_held, rnd = "", time.time(), (None, None), 0, 0, 0
+    try:
+        while True:
+            cyc = view.current() if phase else None
+            state = cyc["state"] if cyc else None
+            if cyc and (state, cyc["waiting_for"]) != seen:
+                seen = (state, cyc["waiting_for"])
+                say(f"  [loop] cycle {cyc['id']}: {state}"
+                    + (f" — {cyc['waiting_for']}" if cyc["waiting_for"] else ""))  # fmt: skip
+            if state in ("rejected", "rolled_back", "failed"):
                 break
-            if not enough:
-                say(f"  waiting for at least {cfg.min_arm_n} users per arm")
-    end()
-    if winner is None:
-        raise LoopError("the canary did not beat prod with significance; nothing promoted")
-
-    end = _phase(report, "promote through the gate", say)
-    c.call(
-        "release",
-        "POST",
-        f"/v1/adapters/{winner}/promote",
-        json={"reason": "demo: canary won with significance"},
-    )
-    deadline = time.time() + 60
-    while time.time() < deadline:
-        _, adapter, _ = _chat(c, cfg, "user-after-promotion", train_qs[0])
-        if adapter == winner:
-            report.live_at = time.time()
-            break
-        time.sleep(0.2)
-    report.promoted = winner
-    report.serving_after = adapter
-    say(f"  prod of {cfg.route} is now {winner}; a new user is served by {adapter}")
-    end()
-    return report
-
-
-def format_report(report: Report) -> str:
-    """The final report as text."""
-    lines = ["", "== report"]
-    for name, seconds in report.phases.items():
-        lines.append(f"  {seconds:7.1f} s  {name}")
-    lines.append(f"  calls logged: {report.calls}, feedback events: {report.feedback}")
-    for method, d in report.datasets.items():
-        lines.append(
-            f"  dataset {method}: {d['n_train']} train / {d['n_eval']} eval; {d['counts']}"
-        )
-    for method, run in report.runs.items():
-        prog = run.get("progress") or {}
-        curve = prog.get("loss_history") or prog.get("losses")
-        lines.append(
-            f"  training {method}: {run['status']}, adapter {run.get('adapter_id')}"
-            + (
-                f", loss curve {[round(x, 3) for x in curve]}"
-                if curve
-                else (
-                    f", final loss {prog.get('loss'):.3f}"
-                    if isinstance(prog.get("loss"), int | float)
-                    else ""
-                )
+            if state == "promoted" and n_held >= cfg.held_out_users:
+                break
+            if time.time() > deadline:
+                run.stopped = f"time budget of {cfg.budget_s:.0f} s ran out in state {state}"
+                say(f"  {run.stopped}")
+                break
+            kind = ("observe" if cyc is None else "quiet" if state in QUIET_STATES
+                    else "canary" if state == "deciding" else "held_out")  # fmt: skip
+            if kind != phase:
+                if phase:
+                    run.phases[phase] = run.phases.get(phase, 0) + time.time() - phase_at
+                phase, phase_at = kind, time.time()
+                say(f"\n== {PHASE_TITLES[kind]}")
+            rnd += 1
+            if kind == "held_out":
+                n = cfg.held_out_users if n_held == 0 else cfg.round_users // 2
+                users = [(f"held-{n_held + i:04d}", held_qs[(n_held + i) % len(held_qs)])
+                         for i in range(n)]  # fmt: skip
+                n_held += n
+            else:
+                n = {"observe": cfg.users if n_train == 0 else 10, "quiet": cfg.quiet_users,
+                     "canary": cfg.round_users}[kind]  # fmt: skip
+                users = [(f"user-{n_train + i:04d}", train_qs[(n_train + i) % len(train_qs)])
+                         for i in range(n)]  # fmt: skip
+                n_train += n
+            liked = traffic.run(
+                users, cfg.seed + rnd, cfg.concurrency if kind != "quiet" else cfg.quiet_users
             )
-        )
-    for adapter_id, scores in report.evals.items():
-        lines.append(
-            f"  eval {adapter_id}: " + ", ".join(f"{k}={v:.3f}" for k, v in sorted(scores.items()))
-        )
-    if report.base_style_rate is not None:
-        lines.append(f"  house style followed by the base (live): {report.base_style_rate:.0%}")
-    for arm in report.arms:
-        rate = arm.get("thumbs_up_rate")
-        if rate is not None:
-            lines.append(
-                f"  live thumbs-up {arm['variant']} {arm['adapter_id']}: {rate:.0%}"
-                f" [{arm['thumbs_up_ci_low']:.0%}, {arm['thumbs_up_ci_high']:.0%}] (n={arm['n']})"
-            )
-    if report.comparison:
-        cmp = report.comparison
-        lines.append(
-            f"  canary vs prod: {cmp['diff']:+.2f}"
-            f" [{cmp['diff_ci_low']:+.2f}, {cmp['diff_ci_high']:+.2f}], p={cmp['p_value']:.2g}"
-        )
-    if report.promoted:
-        lines.append(f"  promoted: {report.promoted}; serving now: {report.serving_after}")
-    if report.feedback_to_live_s is not None:
-        lines.append(f"  feedback-to-live: {report.feedback_to_live_s:.0f} s")
-    return "\n".join(lines)
+            run.users[kind] = run.users.get(kind, 0) + len(users)
+            run.liked[kind] = run.liked.get(kind, 0) + liked
+            if kind != "quiet":
+                say(f"  {len(users)} users served, {liked} liked their answer")
+            if kind == "observe" and view.current() is None:
+                say(f"  [loop] {view.volume_line()}")
+            elif kind == "quiet":
+                time.sleep(cfg.quiet_pause_s)
+        if phase:
+            run.phases[phase] = run.phases.get(phase, 0) + time.time() - phase_at
+        final = view.current()
+        run.final_state = final["state"] if final else None
+    finally:
+        view.close()
+        run.calls = dict(sorted(c.calls.items()))
+    return run

@@ -2,9 +2,10 @@
 
 Users ask a support route about a device problem. They want every answer to open with the
 house greeting "Dear customer," — the bare base model never does that. A user rates an answer
-up when it follows the style and down otherwise; unhappy users sometimes press "regenerate" and
-sometimes edit the answer into what they wanted (the edit is the SFT signal; the original and
-its edit also form a preference pair).
+up when it follows the style. An unhappy user either fixes the answer (edits it into what they
+wanted, without also rating it: the edit is the SFT signal, and the original and its edit also
+form a preference pair), or rates it down and sometimes presses "regenerate" (then rates the new
+answer too).
 """
 
 from __future__ import annotations
@@ -63,5 +64,5 @@ def questions(seed: int = 7) -> tuple[list[Question], list[Question]]:
 class UserBehaviour:
     """How simulated users react to an answer they dislike."""
 
-    p_edit: float = 0.7
-    p_regenerate: float = 0.3
+    p_edit: float = 0.6  # edit the answer (and do not rate it)
+    p_regenerate: float = 0.5  # of those who rate it down: press regenerate

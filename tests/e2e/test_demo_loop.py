@@ -1,7 +1,8 @@
-"""`cft run --demo --quick`: the whole loop through the public APIs, as a user runs it."""
+"""`cft run --demo --quick`: the demo only sends users and turns the loop on; cft does the rest."""
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import signal
@@ -18,33 +19,29 @@ from tests.support.servers import free_port
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(900)]
 
-PHASES = [
-    "setup: route and house-style eval suite",
-    "observe: users talk to the base model and give feedback",
-    "train: SFT on the edits",
-    "train: DPO on the preference pairs",
-    "evaluate: held-out and house-style suites (evaluator worker)",
-    "canary:",
-    "promote through the gate",
-    "report",
-]
+# Everything the demo may call: its setup (route, eval suite, the one loop PUT), then users.
+DEMO_CALLS = {
+    "POST /v1/routes",
+    "POST /v1/eval-suites",
+    "PUT /v1/routes/support/loop",
+    "POST /v1/chat/completions",
+    "POST /v1/logs/{request_id}/feedback",
+}
 
 
-def test_make_run_demo_closes_the_loop(tmp_path: Path, models_dir: Path) -> None:
+def test_make_run_demo_the_loop_runs_itself(tmp_path: Path, models_dir: Path) -> None:
     home = tmp_path / "home"
     home.mkdir()
     (home / "models").symlink_to(models_dir)
+    report_path = tmp_path / "report.json"
     env = {k: v for k, v in os.environ.items() if not k.startswith("CFT_")}
     env |= {"CFT_HOME": str(home), "CFT_PORT": str(free_port())}
     proc = subprocess.Popen(
-        [sys.executable, "-m", "workers.cli", "run", "--demo", "--quick"],
-        env=env,
-        stdin=subprocess.DEVNULL,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-        start_new_session=True,
-    )
+        [sys.executable, "-m", "workers.cli", "run", "--demo", "--quick",
+         "--report-json", str(report_path)],
+        env=env, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+        text=True, start_new_session=True,
+    )  # fmt: skip
     try:
         out, err = proc.communicate(timeout=840)
     except subprocess.TimeoutExpired:
@@ -52,44 +49,61 @@ def test_make_run_demo_closes_the_loop(tmp_path: Path, models_dir: Path) -> None
         out, err = proc.communicate(timeout=60)
         pytest.fail(f"cft run --demo --quick took over 840 s:\n{out[-4000:]}")
     assert proc.returncode == 0, out[-4000:] + err[-2000:]
-    for phase in PHASES:
-        assert f"== {phase}" in out, f"phase {phase!r} missing:\n{out[-3000:]}"
-    promoted = re.search(r"promoted: (\S+); serving now: (\S+)", out)
-    assert promoted, out[-3000:]
-    assert promoted.group(1) == promoted.group(2)
-    assert re.search(r"feedback-to-live: \d+ s", out)
+    for heading in ("setup: route, house-style eval suite, the loop on", "observe:", "canary:",
+                    "after the promotion:", "report"):  # fmt: skip
+        assert f"== {heading}" in out, f"{heading!r} missing:\n{out[-3000:]}"
+    assert re.search(r"feedback-to-live: \d+ s", out), out[-3000:]
+
+    data = json.loads(report_path.read_text())
+    # The demo drove nothing but users, after its setup and the one loop PUT.
+    calls = data["demo"]["calls"]
+    assert set(calls) == DEMO_CALLS, calls
+    assert calls["PUT /v1/routes/support/loop"] == 1
+    report = data["report"]
+    cycle = report["cycle"]
+    assert cycle["state"] == "promoted" and cycle["decision"] == "promote", cycle
+    assert report["prod_now"] == cycle["adapter_id"]
+    held = report["live"]["held_out_after_promotion"]
+    assert held["questions_in_training"] == 0 and held["users_in_training"] == 0
+    assert held["n"] > 0 and report["feedback_to_live_s"] > 0
 
     # The database tells the same story (the run stopped the server it started).
     url = embedded.start(home / "pgdata")
     try:
         with psycopg.connect(url, row_factory=dict_row) as c:
-            prod = c.execute(
-                "SELECT id FROM serve.adapter WHERE route = 'support' AND status = 'prod'"
+            row = c.execute(
+                "SELECT id, state, trigger, adapter_id FROM loop.cycle WHERE route = 'support'"
             ).fetchone()
-            assert prod and prod["id"] == promoted.group(1)
+            assert row and row["state"] == "promoted" and row["trigger"] == "volume"
+            prod = c.execute("SELECT serve.current_prod('support') AS id").fetchone()
+            assert prod and prod["id"] == row["adapter_id"] == cycle["adapter_id"]
+            states = [
+                e["to_state"]
+                for e in c.execute(
+                    "SELECT to_state FROM loop.cycle_event WHERE cycle_id = %s ORDER BY id",
+                    (row["id"],),
+                ).fetchall()
+            ]
+            assert states[:6] == ["triggered", "snapshot", "training", "evaluating", "canary",
+                                  "deciding"], states  # fmt: skip
+            assert states[-1] == "promoted"
+            # The loop promoted it (its cycle in the audit), through canary then prod.
             events = c.execute(
-                "SELECT new_status FROM serve.adapter_event WHERE adapter_id = %s ORDER BY id",
-                (prod["id"],),
+                "SELECT new_status, actor, reason FROM serve.adapter_event WHERE adapter_id = %s"
+                " ORDER BY id",
+                (row["adapter_id"],),
             ).fetchall()
             assert [e["new_status"] for e in events][-2:] == ["canary", "prod"]
-            runs = c.execute(
-                "SELECT method, status FROM train.training_run ORDER BY created_at"
-            ).fetchall()
-            assert [(r["method"], r["status"]) for r in runs][:1] == [("sft", "succeeded")]
-            assert (
-                c.execute(
-                    "SELECT count(*) AS n FROM train.eval_result WHERE adapter_id = %s",
-                    (prod["id"],),
-                ).fetchone()["n"]
-                > 0
+            assert f"loop cycle {row['id']}" in (events[-1]["reason"] or "")
+            steps = {
+                r["step"]
+                for r in c.execute(
+                    "SELECT DISTINCT step FROM loop.provenance(%s)", (row["adapter_id"],)
+                ).fetchall()
+            }
+            assert {"cycle", "trigger", "snapshot", "example", "log_row", "eval", "decision"} <= (
+                steps
             )
-            arms = c.execute(
-                "SELECT variant, count(*) AS n FROM obs.inference_log"
-                " WHERE experiment = 'support-house-style' AND variant IS NOT NULL"
-                " GROUP BY variant ORDER BY variant"
-            ).fetchall()
-            # Calls that fell back (canary not loaded yet) are logged without an arm.
-            assert [a["variant"] for a in arms] == ["A", "B"]
             raw_users = c.execute(
                 "SELECT count(*) AS n FROM obs.inference_log WHERE messages::text LIKE '%%user-00%%'"
             ).fetchone()["n"]

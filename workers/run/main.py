@@ -1,11 +1,11 @@
-"""`cft run`: the whole platform on one machine, and the demo loop that shows it working.
+"""`cft run`: the whole platform on one machine, and the demo that shows the loop running itself.
 
 Starts the embedded PostgreSQL (migrated), the local inference engine with the bundled
 SmolLM2-135M-Instruct, the API (control plane + router, with the reconciler), and the trainer,
-evaluator, embedder, maintenance and experiments workers, each a supervised process with its
-log under CFT_HOME/logs. With --demo (the default on a database with no tenants), a simulated
-product then drives the loop through the public APIs (see app/demo/loop.py) and a report is
-printed. Ctrl-C stops everything cleanly.
+evaluator, embedder, maintenance, experiments and loop workers, each a supervised process with
+its log under CFT_HOME/logs. With --demo (the default on a database with no tenants), a
+simulated product then sends users and turns its route's loop on (see app/demo/loop.py); the
+loop worker does the rest, and a report read from SQL is printed. Ctrl-C stops everything.
 """
 
 from __future__ import annotations
@@ -27,8 +27,11 @@ from app.core.db import connect, database_url, migrate
 from workers.run.supervisor import ServiceFailed, Supervisor
 
 DEMO_TENANT = "demo"
-DEMO_ROLES = ("client", "trainer", "release", "reader")
-WORKERS = ("train", "eval", "embed", "maintenance", "experiments")
+WORKERS = ("train", "eval", "embed", "maintenance", "experiments", "loop")
+# One machine, a handful of routes: the loop worker passes every second (a pass that finds
+# nothing due costs a few ms) and refreshes the candidate views every 5 s, so a volume trigger
+# sees new feedback within seconds (the worker's defaults, 5 s and 60 s, suit a large fleet).
+WORKER_ARGS = {"loop": ["--interval", "1", "--refresh", "5"]}
 
 
 def say(message: str) -> None:
@@ -54,6 +57,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     )
     p.add_argument("--users", type=int, default=None, help="demo: users in the first phase")
     p.add_argument("--quick", action="store_true", help="demo: the shortened loop CI runs")
+    p.add_argument(
+        "--budget", type=float, default=None, help="demo: stop sending users after SECONDS"
+    )
     p.add_argument("--report-json", type=Path, help="demo: also write the report as JSON here")
 
 
@@ -95,37 +101,42 @@ def _next_route(url: str) -> str:
 def _demo(
     args: argparse.Namespace, api_url: str, url: str, all_keys: dict[str, str], sup: Supervisor
 ) -> int:
-    """Drive the loop with the simulated product; 1 if it stopped short."""
+    """The simulated product's users, while the loop runs; 1 if no adapter got promoted."""
     # Imported here: only `cft run --demo` loads the simulator and its openai SDK (`demo` extra).
     try:
-        from app.demo.loop import Keys, LoopConfig, LoopError, format_report, run_loop
+        from app.demo.loop import DemoConfig, DemoError, Keys, run_demo
+        from app.demo.report import collect, format_report
     except ImportError as exc:
         say(f"[cft] the demo needs the demo extra (pip install 'cft[demo]'): {exc}")
         return 1
 
-    keys = Keys(**{k: all_keys[k] for k in DEMO_ROLES})
-    cfg = LoopConfig.quick() if args.quick else LoopConfig()
+    cfg = DemoConfig.quick() if args.quick else DemoConfig()
     cfg.route = _next_route(url)
     cfg.experiment = f"{cfg.route}-house-style"
     if args.users:
         cfg.users = args.users
+    if args.budget:
+        cfg.budget_s = args.budget
     say(f"[cft] demo: a simulated support product on route '{cfg.route}'")
     start = time.time()
     try:
-        report = run_loop(api_url, keys, cfg, say=say)
-    except LoopError as exc:
+        run = run_demo(
+            api_url, url, Keys(client=all_keys["client"], trainer=all_keys["trainer"]), cfg,
+            say=say,
+        )  # fmt: skip
+    except DemoError as exc:
         sup.check()
         say(f"[cft] demo stopped: {exc}")
         return 1
-    say(format_report(report))
+    report = collect(url, route=cfg.route, held_out_prompts=run.held_out_prompts)
+    say(format_report(report, run.calls))
     say(f"[cft] demo finished in {time.time() - start:.0f} s")
     if args.report_json:
-        data = dataclasses.asdict(report) | {
-            "feedback_to_live_s": report.feedback_to_live_s,
-            "demo_seconds": time.time() - start,
-        }
+        data = {"demo": dataclasses.asdict(run), "report": report,
+                "demo_seconds": time.time() - start}  # fmt: skip
         args.report_json.write_text(json.dumps(data, indent=2, default=str))
-    return 0
+    promoted = report["cycle"] is not None and report["cycle"]["state"] == "promoted"
+    return 0 if promoted else 1
 
 
 def main(args: argparse.Namespace) -> int:
@@ -172,7 +183,7 @@ def main(args: argparse.Namespace) -> int:
         api = sup.start("api", [py, "-m", "workers.cli", "serve", "--host", host,
                                 "--port", str(port), "--no-migrate"])  # fmt: skip
         for name in WORKERS:
-            sup.start(name, [py, "-m", "workers.cli", "worker", name])
+            sup.start(name, [py, "-m", "workers.cli", "worker", name, *WORKER_ARGS.get(name, [])])
         sup.wait_http(engine, f"{engine_url}/health", timeout=300)
         say(f"[cft] engine ready: {engine_url} (vLLM-compatible, base {settings.base_model})")
         sup.wait_http(api, f"{api_url}/healthz", timeout=120)
