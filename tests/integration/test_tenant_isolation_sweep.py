@@ -36,12 +36,17 @@ def test_other_tenants_ids_are_404_on_every_endpoint(db_url: str, conn: Any, tmp
     snap = make_snapshot(conn, tenant_id=a["id"], route=route["name"], method="sft")
     run = make_run(conn, snapshot=snap)
     log = make_log(conn, tenant_id=a["id"], route=route["name"], experiment="exp-a")
+    cycle = conn.execute(
+        "INSERT INTO loop.cycle (tenant_id, route, trigger) VALUES (%s, %s, 'volume') RETURNING id",
+        (a["id"], route["name"]),
+    ).fetchone()
     ids = {
         "adapter_id": adapter["id"],
         "snapshot_id": str(snap["id"]),
         "run_id": str(run["id"]),
         "request_id": str(log["request_id"]),
         "name": route["name"],
+        "cycle_id": str(cycle["id"]),
     }
     key_a = auth.create_key(conn, tenant_id=a["id"], role="admin")
     key_b = auth.create_key(conn, tenant_id=b["id"], role="admin")
