@@ -114,7 +114,7 @@ def resolved(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
 def test_compose_config_validates(resolved: dict[str, Any]) -> None:
     services = resolved["services"]
     expected = {"postgres", "minio", "minio-init", "migrate", "api", "vllm", "grafana"}
-    expected |= {"trainer", "evaluator", "embedder", "maintenance"}
+    expected |= {"trainer", "evaluator", "embedder", "maintenance", "experiments", "loop"}
     assert expected <= set(services)
     assert services["postgres"]["image"].startswith("pgvector/pgvector:pg18")
     assert services["vllm"]["image"].startswith("vllm/vllm-openai")
