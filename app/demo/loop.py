@@ -48,7 +48,7 @@ def demo_policy(*, min_new_examples: int = 24, max_steps: int = 10) -> dict[str,
         "min_new_examples": min_new_examples,
         "canary_pct": 50,
         "canary_max_duration": 300,
-        "decision_min_n": 10,
+        "decision_min_n": 5,
         "watch_window": 30,
         "watch_min_n": 20,
         "hyperparameters": DEMO_HYPERPARAMETERS | {"max_steps": max_steps},
@@ -63,7 +63,10 @@ class DemoConfig:
     experiment: str = "support-house-style"
     users: int = 48  # the first phase, talking to the base model
     round_users: int = 40  # users per round while a canary collects traffic
-    quiet_users: int = 1  # users per round while the platform trains and evaluates
+    # Users per round while the platform trains and evaluates: none by default. On 2 cores the
+    # engine and the trainer share the CPU: a 12-token call took 9-17 s next to a training run
+    # and kept the engine busy ~60 % of the time, at the trainer's expense (BENCHMARKS "Loop").
+    quiet_users: int = 0
     quiet_pause_s: float = 10.0
     held_out_users: int = 30  # new users asking held-out questions after the promotion
     max_tokens: int = 12
@@ -71,7 +74,7 @@ class DemoConfig:
     concurrency: int = 8
     seed: int = 1
     suite_cases: int = 30
-    budget_s: float = 900.0  # the demo stops sending users after this long
+    budget_s: float = 1500.0  # the demo stops sending users after this long
     policy: dict[str, Any] = field(default_factory=demo_policy)
 
     @classmethod
@@ -259,7 +262,7 @@ class DemoRun:
 
 PHASE_TITLES = {
     "observe": "observe: users talk to the base model and give feedback",
-    "quiet": "the platform works: a trickle of users while it snapshots, trains and evaluates",
+    "quiet": "the platform works: it snapshots, trains and evaluates (users wait: 2 cores)",
     "canary": "canary: users keep coming; the loop splits them and decides",
     "held_out": "after the promotion: new users ask held-out questions",
 }
@@ -302,6 +305,9 @@ def run_demo(api: str, db_url: str, keys: Keys, cfg: DemoConfig, say: Say = prin
                 phase, phase_at = kind, time.time()
                 say(f"\n== {PHASE_TITLES[kind]}")
             rnd += 1
+            if kind == "quiet" and cfg.quiet_users == 0:
+                time.sleep(1.0)  # wait, and narrate state changes
+                continue
             if kind == "held_out":
                 n = cfg.held_out_users if n_held == 0 else cfg.round_users // 2
                 users = [(f"held-{n_held + i:04d}", held_qs[(n_held + i) % len(held_qs)])
