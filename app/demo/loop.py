@@ -47,7 +47,9 @@ def demo_policy(*, min_new_examples: int = 24, max_steps: int = 10) -> dict[str,
         "enabled": True,
         "min_new_examples": min_new_examples,
         "canary_pct": 50,
-        "canary_max_duration": 300,
+        # With no prod yet (a new route, the base serving), serve.canary_decision waits
+        # (control_not_prod) until this budget ends the canary by loop.canary_verdict.
+        "canary_max_duration": 90,
         "decision_min_n": 5,
         "watch_window": 30,
         "watch_min_n": 20,

@@ -18,6 +18,7 @@ from app.core import embedded
 from tests.support.servers import free_port
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(900)]
+ARTIFACTS = Path(__file__).resolve().parents[1] / "artifacts"
 
 # Everything the demo may call: its setup (route, eval suite, the one loop PUT), then users.
 DEMO_CALLS = {
@@ -48,6 +49,8 @@ def test_make_run_demo_the_loop_runs_itself(tmp_path: Path, models_dir: Path) ->
         os.killpg(proc.pid, signal.SIGINT)  # cft run stops its services on Ctrl-C
         out, err = proc.communicate(timeout=60)
         pytest.fail(f"cft run --demo --quick took over 840 s:\n{out[-4000:]}")
+    ARTIFACTS.mkdir(exist_ok=True)
+    (ARTIFACTS / "demo.log").write_text(out)  # what a user sees, kept for reading after CI
     assert proc.returncode == 0, out[-4000:] + err[-2000:]
     for heading in ("setup: route, house-style eval suite, the loop on", "observe:", "canary:",
                     "after the promotion:", "report"):  # fmt: skip
