@@ -174,7 +174,8 @@ BEGIN
       CONTINUE;
     END IF;
     control_id := v_control;
-    IF v_control IS DISTINCT FROM v_prod THEN
+    -- A route still served by its bare base model has no prod row: the base is the control.
+    IF v_control IS DISTINCT FROM coalesce(v_prod, v_rt.base_model) THEN
       code := 'control_not_prod';
       reason := format('the control arm (%s) is not the current prod (%s): wait for traffic',
                        v_control, coalesce(v_prod, 'none'));
@@ -206,7 +207,7 @@ BEGIN
       pol.metric, v_control, round((m->>'control_value')::numeric, 4), v_canary,
       round((m->>'canary_value')::numeric, 4), round((m->>'diff')::numeric, 4),
       (1 - pol.alpha) * 100, round((m->>'ci_low')::numeric, 4), round((m->>'ci_high')::numeric, 4),
-      (m->>'p_value')::float8::real, pol.alpha, m->>'tau', m->>'n_control', m->>'n_canary',
+      btrim(to_char((m->>'p_value')::float8, '9.99EEEE')), pol.alpha, m->>'tau', m->>'n_control', m->>'n_canary',
       v_start);
     numbers := numbers || jsonb_build_object(
       'since', v_start, 'primary', m, 'guards', g, 'comparisons', v_cmp,

@@ -290,3 +290,21 @@ def test_a_healthy_new_prod_is_kept(conn: Any) -> None:
     [d] = _autopolicy(conn, w["route"])
     assert d["action"] == "hold" and d["code"].startswith("watch_")
     assert _status(conn, w["canary"]) == "prod"
+
+
+def test_a_route_served_by_its_bare_base_is_decided_against_the_base(conn: Any) -> None:
+    """No prod row yet: the base model's traffic (variant A, adapter_id = the route's base)
+    is the control, so the first adapter of a route is decided by the always-valid rule too."""
+    tenant = make_tenant(conn)
+    route = make_route(conn, tenant_id=tenant["id"])
+    canary = make_adapter(conn, route=route, status="canary", traffic_pct=20)
+    w = {"tenant": tenant["id"], "route": route["name"], "canary": canary["id"]}
+    _exact(conn, w, route["base_model"], "A", n=1200, up=360)
+    _exact(conn, w, canary["id"], "B", n=1200, up=900)
+    (d,) = conn.execute("SELECT * FROM serve.canary_decision(%s)", (route["name"],)).fetchall()
+    assert (d["control_id"], d["decision"]) == (route["base_model"], "promote"), d["reason"]
+    assert d["code"] == "significantly_better"
+    # Traffic of some other model as control is still refused.
+    conn.execute("UPDATE obs.inference_log SET adapter_id = 'other' WHERE variant = 'A'")
+    (d,) = conn.execute("SELECT * FROM serve.canary_decision(%s)", (route["name"],)).fetchall()
+    assert d["code"] == "control_not_prod"
