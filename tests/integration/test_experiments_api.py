@@ -41,6 +41,7 @@ def world(conn: Any, db_url: str) -> Iterator[dict[str, Any]]:
             seed=seed,
         )
     _loop_rows(conn, tenant["id"], route["name"], canary["id"])
+    make_route(conn, tenant_id=tenant["id"], name="support-en")  # no loop policy row: defaults
     with serve_app(create_app(db_url=db_url)) as base:
         yield {
             "base": base,
@@ -124,6 +125,8 @@ def test_dashboard_login(world: dict[str, Any]) -> None:
         home = client.get("/dashboard")
         assert "support-es-v2" in home.text and 'id="timeline"' in home.text
         assert 'id="loop-support-es"' in home.text and "min_new_examples" in home.text
+        other = home.text.split('id="loop-support-en"')[1]
+        assert "<b>enabled</b> False" in other and "no cycles yet" in other
         exp = client.get("/dashboard/experiments/support-es-exp")
         assert exp.status_code == 200
         assert exp.text.count('class="line"') >= 8 and "canary significantly better" in exp.text
