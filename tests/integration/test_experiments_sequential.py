@@ -308,3 +308,16 @@ def test_a_route_served_by_its_bare_base_is_decided_against_the_base(conn: Any) 
     conn.execute("UPDATE obs.inference_log SET adapter_id = 'other' WHERE variant = 'A'")
     (d,) = conn.execute("SELECT * FROM serve.canary_decision(%s)", (route["name"],)).fetchall()
     assert d["code"] == "control_not_prod"
+
+
+def test_msprt_of_a_zero_variance_from_plpgsql_is_null_not_an_error(conn: Any) -> None:
+    """In PL/pgSQL the arguments are known at plan time: ln(0) was constant-folded and raised
+    (serve.canary_decision failed on a control arm with identical answer lengths)."""
+    conn.execute(
+        """DO $$ DECLARE v float8 := 0; d float8 := 0.5; r record; BEGIN
+             SELECT * INTO r FROM stats.msprt(d, v, 0.05, 0.05);
+             IF r.log_lr IS NOT NULL THEN RAISE EXCEPTION 'expected no test, got %', r; END IF;
+           END $$"""
+    )
+    row = conn.execute("SELECT * FROM stats.msprt(0.5, 0.01, 0.05, 0.05)").fetchone()
+    assert 0.09 < row["p_value"] < 0.095 and row["ci_low"] < 0 < row["ci_high"]
