@@ -248,7 +248,7 @@ def test_vllm_serves_lora_like_the_trainer_trains() -> None:
     for flag in ("--enable-lora", "--max-loras", "--max-lora-rank", "--max-cpu-loras"):
         assert flag in cmd, flag
     assert vllm["environment"]["VLLM_ALLOW_RUNTIME_LORA_UPDATING"] == "True"
-    # --max-lora-rank equals the adapters' rank, not more (README explains why).
+    # --max-lora-rank equals the adapters' rank, not more (docs/deployment.md explains why).
     rank = Hyperparameters().rank
     assert cmd[cmd.index("--max-lora-rank") + 1] == f"${{VLLM_MAX_LORA_RANK:-{rank}}}"
     assert _env_example()["VLLM_MAX_LORA_RANK"] == str(rank)
@@ -314,11 +314,10 @@ def test_grafana_is_provisioned() -> None:
     json.loads(dashboard.read_text())
 
 
-def test_readme_documents_production_deploy() -> None:
-    readme = (ROOT / "README.md").read_text()
-    section = readme.split("## Deploying to production", 1)
-    assert len(section) == 2, 'README has no "Deploying to production" section'
-    body = section[1].split("\n## ", 1)[0]
+def test_docs_document_production_deploy() -> None:
+    body = (ROOT / "docs" / "deployment.md").read_text() + (
+        ROOT / "docs" / "scaling.md"
+    ).read_text()
     for needle in (
         "cp .env.example .env",
         "docker compose up -d",

@@ -50,7 +50,7 @@ MAX_BODY = 64 * 1024
 SECRET = "test-user-hash-secret"
 # Endpoints anyone may call; the dashboard checks its cookie itself (tested below).
 PUBLIC = {"/healthz", "/metrics", "/openapi.json", "/docs", "/docs/oauth2-redirect", "/redoc"}
-# The operator's endpoint: Prometheus metrics name routes and adapters of every tenant (README:
+# The operator's endpoint: Prometheus metrics name routes and adapters of every tenant (docs:
 # keep it on the operator's network). Not a tenant endpoint, so not in the tenancy sweep.
 OPERATOR = {"/metrics"}
 DASHBOARD = "/dashboard"
