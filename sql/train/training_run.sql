@@ -21,7 +21,16 @@ CREATE TABLE train.training_run (
   created_at    timestamptz NOT NULL DEFAULT now(),
   started_at    timestamptz,
   finished_at   timestamptz,
-  updated_at    timestamptz NOT NULL DEFAULT now()
+  updated_at    timestamptz NOT NULL DEFAULT now(),
+  -- What the run needs (a worker claims only runs it can serve: train.claim_training_run):
+  -- devices in one launch (gpus > 1 runs through accelerate launch), the least memory of each
+  -- GPU, and the kind of device (NULL: any).
+  gpus          int NOT NULL DEFAULT 1 CHECK (gpus BETWEEN 1 AND 64),
+  min_gpu_memory_gb real CHECK (min_gpu_memory_gb > 0 AND min_gpu_memory_gb <= 4096),
+  device_kind   text CHECK (device_kind IN ('cuda', 'cpu')),
+  -- Where it was (last) trained: the worker's host and its devices (CUDA indices, or cpu).
+  host          text,
+  devices       text
 );
 CREATE INDEX training_run_queue_idx ON train.training_run (priority DESC, created_at)
   WHERE status IN ('queued', 'running');
