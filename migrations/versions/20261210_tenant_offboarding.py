@@ -1,4 +1,15 @@
-"""Tenant administration and offboarding audit (placeholder: filled by the tenant-admin work).
+"""Tenant administration and offboarding: operator keys, auth.tenant_offboarding and its functions.
+
+* auth.api_key takes role 'operator': a platform-wide key with no tenant (tenant_id NULL exactly
+  for operator keys), for the operator REST API (/v1/tenants) and `cft operator key create`.
+* auth.tenant_offboarding (the audit of an offboarding; no foreign key, it outlives the tenant)
+  and auth.offboard_tenant_prepare / offboard_tenant_loaded / offboard_tenant /
+  offboard_artefact_deleted (SECURITY DEFINER): retire and unload the tenant's adapters, delete
+  its rows in every table and partition, list its artefacts for the store deletes.
+* train.dataset_snapshot_immutable admits the DELETE of a sealed snapshot of the tenant being
+  offboarded (cft.offboarding_tenant, set by auth.offboard_tenant for its transaction).
+
+The downgrade deletes operator keys (the older role CHECK has no place for them) and the audit.
 
 Revision ID: 20261210
 Revises: 20261209
@@ -12,10 +23,326 @@ branch_labels = None
 depends_on = None
 
 UPGRADE_SQL = r"""
-SELECT 1;
+ALTER TABLE auth.api_key ALTER COLUMN tenant_id DROP NOT NULL;
+ALTER TABLE auth.api_key DROP CONSTRAINT api_key_role_check;
+ALTER TABLE auth.api_key ADD CONSTRAINT api_key_role_check
+  CHECK (role IN ('ingest', 'client', 'trainer', 'release', 'reader', 'admin', 'operator'));
+ALTER TABLE auth.api_key ADD CONSTRAINT api_key_operator_has_no_tenant
+  CHECK ((role = 'operator') = (tenant_id IS NULL));
+
+CREATE OR REPLACE FUNCTION train.dataset_snapshot_immutable() RETURNS trigger
+LANGUAGE plpgsql AS $$
+BEGIN
+  IF TG_OP = 'TRUNCATE' THEN
+    RAISE EXCEPTION 'dataset snapshots are immutable (TRUNCATE refused)'
+      USING ERRCODE = 'object_not_in_prerequisite_state';
+  END IF;
+  IF OLD.set_hash IS NULL THEN  -- a draft
+    RETURN CASE TG_OP WHEN 'DELETE' THEN OLD ELSE NEW END;
+  END IF;
+  -- Offboarding the tenant (auth.offboard_tenant sets this for its transaction; only roles
+  -- that may DELETE snapshots, i.e. the owner, get here). Its examples go by the cascade,
+  -- once the snapshot is gone.
+  IF TG_OP = 'DELETE' AND OLD.tenant_id::text = current_setting('cft.offboarding_tenant', true) THEN
+    RETURN OLD;
+  END IF;
+  IF TG_OP = 'UPDATE'
+     AND (NEW.id, NEW.tenant_id, NEW.route, NEW.method, NEW.query_sql, NEW.params, NEW.counts,
+          NEW.n_train, NEW.n_eval, NEW.set_hash, NEW.created_by, NEW.created_at)
+         IS NOT DISTINCT FROM
+         (OLD.id, OLD.tenant_id, OLD.route, OLD.method, OLD.query_sql, OLD.params, OLD.counts,
+          OLD.n_train, OLD.n_eval, OLD.set_hash, OLD.created_by, OLD.created_at) THEN
+    RETURN NEW;  -- only tainted_at / tainted_reason changed
+  END IF;
+  RAISE EXCEPTION 'sealed dataset snapshots are immutable (% refused; only tainted_at and tainted_reason may change)', TG_OP
+    USING ERRCODE = 'object_not_in_prerequisite_state';
+END
+$$;
+
+-- Offboarding a tenant: every row it left in the database goes, its adapters' artefacts are
+-- listed for deletion from the store, and one audit row stays (app/tenants/offboard.py drives
+-- it; REST DELETE /v1/tenants/{name}, CLI `cft tenant delete`).
+--
+-- Three steps, each idempotent, so a crash anywhere is finished by calling again:
+--   1. auth.offboard_tenant_prepare: the tenant stops acting and serving (keys revoked, loop
+--      policies disabled, queued or running training runs cancelled, canary and prod adapters
+--      retired, which tells the reconciler by NOTIFY to unload them); committed on its own.
+--   2. auth.offboard_tenant, once no engine has one of its adapters loaded
+--      (auth.offboard_tenant_loaded): deletes the rows, records the counts and the artefact
+--      URIs still to delete, and the tenant itself.
+--   3. The caller deletes each artefact from the store and ticks it off with
+--      auth.offboard_artefact_deleted; the row is done when none is pending.
+
+-- No foreign key to tenant: the audit outlives the tenant it describes.
+CREATE TABLE auth.tenant_offboarding (
+  id                bigint GENERATED ALWAYS AS IDENTITY PRIMARY KEY,
+  tenant_id         int NOT NULL,
+  tenant_name       text NOT NULL,
+  requested_by      text NOT NULL,
+  status            text NOT NULL DEFAULT 'unloading'
+                    CHECK (status IN ('unloading', 'artefacts', 'done')),
+  retired_adapters  text[] NOT NULL DEFAULT '{}',
+  forced            boolean NOT NULL DEFAULT false,
+  counts            jsonb NOT NULL DEFAULT '{}',
+  artefacts_pending text[] NOT NULL DEFAULT '{}',
+  artefacts_deleted text[] NOT NULL DEFAULT '{}',
+  started_at        timestamptz NOT NULL DEFAULT now(),
+  data_deleted_at   timestamptz,
+  finished_at       timestamptz
+);
+CREATE UNIQUE INDEX tenant_offboarding_open_idx ON auth.tenant_offboarding (tenant_id)
+  WHERE status <> 'done';
+CREATE INDEX tenant_offboarding_name_idx ON auth.tenant_offboarding (tenant_name, id);
+COMMENT ON TABLE auth.tenant_offboarding IS
+  'One row per tenant offboarding: who, when, rows removed per table, artefacts deleted and pending.';
+ALTER TABLE auth.tenant_offboarding ENABLE ROW LEVEL SECURITY;
+REVOKE ALL ON auth.tenant_offboarding FROM PUBLIC;
+
+-- Step 1. Returns the open offboarding row of the tenant (made on the first call).
+CREATE OR REPLACE FUNCTION auth.offboard_tenant_prepare(p_tenant int, p_by text)
+RETURNS auth.tenant_offboarding
+LANGUAGE plpgsql VOLATILE SECURITY DEFINER SET search_path = pg_catalog, public AS $$
+DECLARE
+  v_name    text;
+  v_retired text[];
+  v_row     auth.tenant_offboarding;
+BEGIN
+  SELECT name INTO v_name FROM tenant WHERE id = p_tenant FOR UPDATE;
+  IF NOT FOUND THEN
+    RAISE EXCEPTION 'no tenant with id %', p_tenant USING ERRCODE = 'no_data_found';
+  END IF;
+  UPDATE auth.api_key SET revoked_at = now() WHERE tenant_id = p_tenant AND revoked_at IS NULL;
+  UPDATE loop.policy SET enabled = false WHERE tenant_id = p_tenant AND enabled;
+  UPDATE train.training_run SET cancel_requested = true
+   WHERE tenant_id = p_tenant AND status IN ('queued', 'running') AND NOT cancel_requested;
+  -- previous_prod_id cleared in the same statement: a prod leaving prod would otherwise
+  -- restore the prod it replaced (serve.adapter_gate_after).
+  PERFORM set_config('cft.reason', 'tenant offboarding', true);
+  WITH r AS (
+    UPDATE serve.adapter SET status = 'retired', traffic_pct = 0, previous_prod_id = NULL
+     WHERE tenant_id = p_tenant AND status IN ('canary', 'prod')
+    RETURNING id
+  )
+  SELECT coalesce(array_agg(id ORDER BY id), '{}') INTO v_retired FROM r;
+  PERFORM set_config('cft.reason', '', true);
+
+  UPDATE auth.tenant_offboarding
+     SET retired_adapters = retired_adapters || v_retired
+   WHERE tenant_id = p_tenant AND status = 'unloading'
+  RETURNING * INTO v_row;
+  IF NOT FOUND THEN
+    INSERT INTO auth.tenant_offboarding (tenant_id, tenant_name, requested_by, retired_adapters)
+    VALUES (p_tenant, v_name, coalesce(nullif(p_by, ''), session_user), v_retired)
+    RETURNING * INTO v_row;
+  END IF;
+  RETURN v_row;
+END
+$$;
+
+-- What still serves one of the tenant's adapters, as the reconciler last recorded it.
+CREATE OR REPLACE FUNCTION auth.offboard_tenant_loaded(p_tenant int)
+RETURNS TABLE (adapter_id text, engine_url text)
+LANGUAGE sql STABLE SECURITY DEFINER SET search_path = pg_catalog, public AS $$
+  SELECT d.adapter_id, d.engine_url
+    FROM serve.adapter_deployment d JOIN serve.adapter a ON a.id = d.adapter_id
+   WHERE a.tenant_id = p_tenant AND d.state = 'loaded'
+   ORDER BY 1, 2
+$$;
+
+-- Step 2. Refuses while an adapter of the tenant serves or is loaded on an engine (unless
+-- p_force: the operator knows those engines are gone). Sealed snapshots refuse deletes
+-- (train.dataset_snapshot_immutable); cft.offboarding_tenant, set here for this transaction
+-- only, is the one way through, and only roles that may DELETE snapshots (the owner) can use it.
+CREATE OR REPLACE FUNCTION auth.offboard_tenant(p_tenant int, p_by text, p_force boolean DEFAULT false)
+RETURNS auth.tenant_offboarding
+LANGUAGE plpgsql VOLATILE SECURITY DEFINER SET search_path = pg_catalog, public AS $$
+DECLARE
+  v_row      auth.tenant_offboarding;
+  v_counts   jsonb := '{}';
+  v_n        bigint;
+  v_routes   text[];
+  v_adapters text[];
+  v_suites   text[];
+  v_uris     text[];
+  v_loaded   text;
+BEGIN
+  SELECT * INTO v_row FROM auth.tenant_offboarding
+   WHERE tenant_id = p_tenant AND status = 'unloading' FOR UPDATE;
+  IF NOT FOUND THEN
+    RAISE EXCEPTION 'tenant % has no offboarding in progress: call auth.offboard_tenant_prepare first',
+      p_tenant USING ERRCODE = 'object_not_in_prerequisite_state';
+  END IF;
+  PERFORM 1 FROM tenant WHERE id = p_tenant FOR UPDATE;
+
+  IF EXISTS (SELECT 1 FROM serve.adapter WHERE tenant_id = p_tenant AND status IN ('canary', 'prod')) THEN
+    RAISE EXCEPTION 'tenant % still has a canary or prod adapter (promoted since it was prepared?)',
+      v_row.tenant_name USING ERRCODE = 'object_not_in_prerequisite_state',
+      HINT = 'call auth.offboard_tenant_prepare again';
+  END IF;
+  SELECT string_agg(l.adapter_id || ' on ' || l.engine_url, ', ') INTO v_loaded
+    FROM auth.offboard_tenant_loaded(p_tenant) l;
+  IF v_loaded IS NOT NULL AND NOT p_force THEN
+    RAISE EXCEPTION 'adapters of tenant % are still loaded: %', v_row.tenant_name, v_loaded
+      USING ERRCODE = 'object_not_in_prerequisite_state',
+      HINT = 'the reconciler unloads retired adapters on its next pass; force if the engines are gone';
+  END IF;
+
+  SELECT coalesce(array_agg(name), '{}') INTO v_routes FROM serve.route WHERE tenant_id = p_tenant;
+  SELECT coalesce(array_agg(id), '{}') INTO v_adapters FROM serve.adapter WHERE tenant_id = p_tenant;
+  SELECT coalesce(array_agg(id), '{}') INTO v_suites FROM train.eval_suite WHERE tenant_id = p_tenant;
+  -- An artefact another tenant's adapter refers to is never deleted (routes are per tenant, so
+  -- this does not happen unless someone registered such a row by hand).
+  SELECT coalesce(array_agg(DISTINCT a.weights_uri), '{}') INTO v_uris
+    FROM serve.adapter a
+   WHERE a.tenant_id = p_tenant AND a.weights_uri IS NOT NULL
+     AND NOT EXISTS (SELECT 1 FROM serve.adapter o
+                      WHERE o.weights_uri = a.weights_uri AND o.tenant_id <> p_tenant);
+
+  -- Near-duplicate edges first (obs.inference_log's delete trigger would find none left).
+  DELETE FROM obs.prompt_neighbour WHERE tenant_id = p_tenant;
+  GET DIAGNOSTICS v_n = ROW_COUNT; v_counts := v_counts || jsonb_build_object('obs.prompt_neighbour', v_n);
+  DELETE FROM obs.prompt_neighbour_scan WHERE tenant_id = p_tenant;
+  GET DIAGNOSTICS v_n = ROW_COUNT; v_counts := v_counts || jsonb_build_object('obs.prompt_neighbour_scan', v_n);
+  -- Every partition, DEFAULT included.
+  DELETE FROM obs.inference_log WHERE tenant_id = p_tenant;
+  GET DIAGNOSTICS v_n = ROW_COUNT; v_counts := v_counts || jsonb_build_object('obs.inference_log', v_n);
+  DELETE FROM obs.request_key WHERE tenant_id = p_tenant;
+  GET DIAGNOSTICS v_n = ROW_COUNT; v_counts := v_counts || jsonb_build_object('obs.request_key', v_n);
+
+  DELETE FROM train.eval_result WHERE adapter_id = ANY (v_adapters);
+  GET DIAGNOSTICS v_n = ROW_COUNT; v_counts := v_counts || jsonb_build_object('train.eval_result', v_n);
+  DELETE FROM train.eval_request WHERE tenant_id = p_tenant OR adapter_id = ANY (v_adapters);
+  GET DIAGNOSTICS v_n = ROW_COUNT; v_counts := v_counts || jsonb_build_object('train.eval_request', v_n);
+  DELETE FROM train.judge_verdict v USING train.judge_calibration c
+   WHERE v.calibration_id = c.id AND c.suite_id = ANY (v_suites);
+  GET DIAGNOSTICS v_n = ROW_COUNT; v_counts := v_counts || jsonb_build_object('train.judge_verdict', v_n);
+  DELETE FROM train.judge_calibration WHERE suite_id = ANY (v_suites);
+  GET DIAGNOSTICS v_n = ROW_COUNT; v_counts := v_counts || jsonb_build_object('train.judge_calibration', v_n);
+  DELETE FROM train.eval_calibration_case WHERE suite_id = ANY (v_suites);
+  GET DIAGNOSTICS v_n = ROW_COUNT; v_counts := v_counts || jsonb_build_object('train.eval_calibration_case', v_n);
+  DELETE FROM train.eval_case WHERE suite_id = ANY (v_suites);
+  GET DIAGNOSTICS v_n = ROW_COUNT; v_counts := v_counts || jsonb_build_object('train.eval_case', v_n);
+  DELETE FROM train.eval_suite WHERE id = ANY (v_suites);
+  GET DIAGNOSTICS v_n = ROW_COUNT; v_counts := v_counts || jsonb_build_object('train.eval_suite', v_n);
+
+  DELETE FROM serve.adapter_deployment WHERE adapter_id = ANY (v_adapters);
+  GET DIAGNOSTICS v_n = ROW_COUNT; v_counts := v_counts || jsonb_build_object('serve.adapter_deployment', v_n);
+  DELETE FROM serve.experiment_decision WHERE tenant_id = p_tenant;
+  GET DIAGNOSTICS v_n = ROW_COUNT; v_counts := v_counts || jsonb_build_object('serve.experiment_decision', v_n);
+  DELETE FROM serve.experiment_policy WHERE tenant_id = p_tenant;
+  GET DIAGNOSTICS v_n = ROW_COUNT; v_counts := v_counts || jsonb_build_object('serve.experiment_policy', v_n);
+  DELETE FROM train.promotion_policy WHERE route = ANY (v_routes);
+  GET DIAGNOSTICS v_n = ROW_COUNT; v_counts := v_counts || jsonb_build_object('train.promotion_policy', v_n);
+
+  DELETE FROM loop.cycle_event WHERE tenant_id = p_tenant;
+  GET DIAGNOSTICS v_n = ROW_COUNT; v_counts := v_counts || jsonb_build_object('loop.cycle_event', v_n);
+  DELETE FROM loop.cycle WHERE tenant_id = p_tenant;
+  GET DIAGNOSTICS v_n = ROW_COUNT; v_counts := v_counts || jsonb_build_object('loop.cycle', v_n);
+  DELETE FROM loop.policy WHERE tenant_id = p_tenant;
+  GET DIAGNOSTICS v_n = ROW_COUNT; v_counts := v_counts || jsonb_build_object('loop.policy', v_n);
+
+  DELETE FROM train.training_run WHERE tenant_id = p_tenant;
+  GET DIAGNOSTICS v_n = ROW_COUNT; v_counts := v_counts || jsonb_build_object('train.training_run', v_n);
+  DELETE FROM serve.adapter WHERE tenant_id = p_tenant;
+  GET DIAGNOSTICS v_n = ROW_COUNT; v_counts := v_counts || jsonb_build_object('serve.adapter', v_n);
+  -- After the adapters: their deletion is audited there too.
+  DELETE FROM serve.adapter_event WHERE tenant_id = p_tenant;
+  GET DIAGNOSTICS v_n = ROW_COUNT; v_counts := v_counts || jsonb_build_object('serve.adapter_event', v_n);
+
+  SELECT count(*) INTO v_n FROM train.dataset_example e
+   WHERE e.snapshot_id IN (SELECT s.id FROM train.dataset_snapshot s WHERE s.tenant_id = p_tenant);
+  v_counts := v_counts || jsonb_build_object('train.dataset_example', v_n);
+  PERFORM set_config('cft.offboarding_tenant', p_tenant::text, true);
+  -- The examples go with their snapshots (train.dataset_snapshot_cascade_examples).
+  DELETE FROM train.dataset_snapshot WHERE tenant_id = p_tenant;
+  GET DIAGNOSTICS v_n = ROW_COUNT; v_counts := v_counts || jsonb_build_object('train.dataset_snapshot', v_n);
+  PERFORM set_config('cft.offboarding_tenant', '', true);
+
+  DELETE FROM serve.route WHERE tenant_id = p_tenant;
+  GET DIAGNOSTICS v_n = ROW_COUNT; v_counts := v_counts || jsonb_build_object('serve.route', v_n);
+  DELETE FROM auth.forget_request WHERE tenant_id = p_tenant;
+  GET DIAGNOSTICS v_n = ROW_COUNT; v_counts := v_counts || jsonb_build_object('auth.forget_request', v_n);
+  DELETE FROM auth.api_key WHERE tenant_id = p_tenant;
+  GET DIAGNOSTICS v_n = ROW_COUNT; v_counts := v_counts || jsonb_build_object('auth.api_key', v_n);
+  DELETE FROM tenant WHERE id = p_tenant;
+  GET DIAGNOSTICS v_n = ROW_COUNT; v_counts := v_counts || jsonb_build_object('tenant', v_n);
+
+  -- No copy of the tenant's rows outlives the request in the candidate views.
+  PERFORM train.refresh_dataset_candidates();
+
+  UPDATE auth.tenant_offboarding
+     SET status = CASE WHEN cardinality(v_uris) = 0 THEN 'done' ELSE 'artefacts' END,
+         counts = v_counts, artefacts_pending = v_uris, forced = p_force,
+         data_deleted_at = now(),
+         finished_at = CASE WHEN cardinality(v_uris) = 0 THEN now() END
+   WHERE id = v_row.id
+  RETURNING * INTO v_row;
+  RETURN v_row;
+END
+$$;
+
+-- Step 3: one artefact is gone from the store (deleting a missing one is not an error).
+CREATE OR REPLACE FUNCTION auth.offboard_artefact_deleted(p_offboarding bigint, p_uri text)
+RETURNS auth.tenant_offboarding
+LANGUAGE plpgsql VOLATILE SECURITY DEFINER SET search_path = pg_catalog, public AS $$
+DECLARE
+  v_row auth.tenant_offboarding;
+BEGIN
+  UPDATE auth.tenant_offboarding
+     SET artefacts_pending = array_remove(artefacts_pending, p_uri),
+         artefacts_deleted = artefacts_deleted || p_uri,
+         status = CASE WHEN artefacts_pending = ARRAY[p_uri] THEN 'done' ELSE status END,
+         finished_at = CASE WHEN artefacts_pending = ARRAY[p_uri] THEN now() END
+   WHERE id = p_offboarding AND p_uri = ANY (artefacts_pending)
+  RETURNING * INTO v_row;
+  IF NOT FOUND THEN
+    SELECT * INTO v_row FROM auth.tenant_offboarding WHERE id = p_offboarding;
+  END IF;
+  RETURN v_row;
+END
+$$;
+
+REVOKE ALL ON FUNCTION auth.offboard_tenant_prepare(int, text), auth.offboard_tenant_loaded(int),
+  auth.offboard_tenant(int, text, boolean), auth.offboard_artefact_deleted(bigint, text)
+  FROM PUBLIC;
 """
 DOWNGRADE_SQL = r"""
-SELECT 1;
+DROP FUNCTION auth.offboard_artefact_deleted(bigint, text);
+DROP FUNCTION auth.offboard_tenant(int, text, boolean);
+DROP FUNCTION auth.offboard_tenant_loaded(int);
+DROP FUNCTION auth.offboard_tenant_prepare(int, text);
+DROP TABLE auth.tenant_offboarding;
+
+CREATE OR REPLACE FUNCTION train.dataset_snapshot_immutable() RETURNS trigger
+LANGUAGE plpgsql AS $$
+BEGIN
+  IF TG_OP = 'TRUNCATE' THEN
+    RAISE EXCEPTION 'dataset snapshots are immutable (TRUNCATE refused)'
+      USING ERRCODE = 'object_not_in_prerequisite_state';
+  END IF;
+  IF OLD.set_hash IS NULL THEN  -- a draft
+    RETURN CASE TG_OP WHEN 'DELETE' THEN OLD ELSE NEW END;
+  END IF;
+  IF TG_OP = 'UPDATE'
+     AND (NEW.id, NEW.tenant_id, NEW.route, NEW.method, NEW.query_sql, NEW.params, NEW.counts,
+          NEW.n_train, NEW.n_eval, NEW.set_hash, NEW.created_by, NEW.created_at)
+         IS NOT DISTINCT FROM
+         (OLD.id, OLD.tenant_id, OLD.route, OLD.method, OLD.query_sql, OLD.params, OLD.counts,
+          OLD.n_train, OLD.n_eval, OLD.set_hash, OLD.created_by, OLD.created_at) THEN
+    RETURN NEW;  -- only tainted_at / tainted_reason changed
+  END IF;
+  RAISE EXCEPTION 'sealed dataset snapshots are immutable (% refused; only tainted_at and tainted_reason may change)', TG_OP
+    USING ERRCODE = 'object_not_in_prerequisite_state';
+END
+$$;
+
+-- Operator keys have no place in the older schema.
+DELETE FROM auth.api_key WHERE role = 'operator';
+ALTER TABLE auth.api_key DROP CONSTRAINT api_key_operator_has_no_tenant;
+ALTER TABLE auth.api_key DROP CONSTRAINT api_key_role_check;
+ALTER TABLE auth.api_key ADD CONSTRAINT api_key_role_check
+  CHECK (role IN ('ingest', 'client', 'trainer', 'release', 'reader', 'admin'));
+ALTER TABLE auth.api_key ALTER COLUMN tenant_id SET NOT NULL;
 """
 
 

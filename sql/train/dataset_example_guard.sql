@@ -1,7 +1,8 @@
 -- Snapshots are immutable once sealed. A snapshot is sealed when its set_hash is set
 -- (train.create_snapshot seals it in the transaction that creates it). A sealed snapshot's
 -- frozen columns never change (only the taint marks, set when a user it was built from is
--- forgotten), it cannot be deleted, and its examples can be neither changed nor removed; new
+-- forgotten), it cannot be deleted (except by offboarding its tenant: auth.offboard_tenant),
+-- and its examples can be neither changed nor removed; new
 -- examples are accepted only in the transaction that created it. An unsealed snapshot is a
 -- draft: it may be filled, sealed or deleted.
 
@@ -34,6 +35,12 @@ BEGIN
   END IF;
   IF OLD.set_hash IS NULL THEN  -- a draft
     RETURN CASE TG_OP WHEN 'DELETE' THEN OLD ELSE NEW END;
+  END IF;
+  -- Offboarding the tenant (auth.offboard_tenant sets this for its transaction; only roles
+  -- that may DELETE snapshots, i.e. the owner, get here). Its examples go by the cascade,
+  -- once the snapshot is gone.
+  IF TG_OP = 'DELETE' AND OLD.tenant_id::text = current_setting('cft.offboarding_tenant', true) THEN
+    RETURN OLD;
   END IF;
   IF TG_OP = 'UPDATE'
      AND (NEW.id, NEW.tenant_id, NEW.route, NEW.method, NEW.query_sql, NEW.params, NEW.counts,
