@@ -14,9 +14,9 @@ from app.core.config import Settings, get_settings
 from app.core.db import database_url, make_pool
 from app.core.limits import BodyLimitMiddleware
 from app.core.metrics import MetricsMiddleware
+from app.dashboard import router as dashboard_router
 from app.datasets import router as datasets_router
 from app.evals import router as evals_router
-from app.experiments import dashboard as experiments_dashboard
 from app.experiments import router as experiments_router
 from app.gateway import fastpath
 from app.gateway import router as gateway_router
@@ -88,7 +88,7 @@ def create_app(
     app.include_router(evals_router.router)
     app.include_router(privacy_router.router)
     app.include_router(experiments_router.router)
-    app.include_router(experiments_dashboard.router)
+    app.include_router(dashboard_router.router)
     app.include_router(routes_router.router)
     app.include_router(loop_router.router)
     app.add_middleware(MetricsMiddleware)  # added last = outermost: times everything inside

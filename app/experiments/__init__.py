@@ -1,1 +1,2 @@
-"""Experiments: A/B metrics with significance, the live-traffic promotion policy, the dashboard."""
+"""Experiments: A/B metrics with significance, the live-traffic promotion policy
+(the pages are in app/dashboard)."""

@@ -28,6 +28,10 @@ from workers.trainer.trl_factory import build_trainer
 
 log = logging.getLogger(__name__)
 
+# The loss history kept in progress: at most this many (step, loss) points, spread evenly over
+# the whole run (when full, every other point is dropped and the stride doubles).
+HISTORY_POINTS = 500
+
 
 @dataclass(frozen=True)
 class Progress:
@@ -38,6 +42,7 @@ class Progress:
     loss: float | None
     eta_s: float | None
     tokens_per_s: float | None = None
+    loss_history: list[list[float]] = field(default_factory=list)  # [[step, loss], ...]
 
     def as_dict(self) -> dict[str, Any]:
         """JSON form stored in train.training_run.progress."""
@@ -69,6 +74,16 @@ def _progress_callback(cb: ProgressCallback | None) -> Any:
             self.start = time.monotonic()
             self.loss: float | None = None
             self.cancelled = False
+            self.history: list[list[float]] = []
+            self.stride = 1
+
+        def _keep(self, step: int, loss: float) -> None:
+            if step % self.stride:
+                return
+            self.history.append([step, loss])
+            if len(self.history) > HISTORY_POINTS:
+                self.stride *= 2
+                self.history = [p for p in self.history if p[0] % self.stride == 0]
 
         def _report(self, state: Any, control: Any) -> Any:
             step, total = int(state.global_step), int(state.max_steps or 0)
@@ -85,7 +100,8 @@ def _progress_callback(cb: ProgressCallback | None) -> Any:
                     f"{eta:.0f}s" if eta is not None else "-",
                     f"{tps:.0f}" if tps is not None else "-",
                 )
-            if cb is not None and cb(Progress(step, total, self.loss, eta, tps)):
+            progress = Progress(step, total, self.loss, eta, tps, list(self.history))
+            if cb is not None and cb(progress):
                 self.cancelled = True
                 control.should_training_stop = True
             return control
@@ -93,6 +109,7 @@ def _progress_callback(cb: ProgressCallback | None) -> Any:
         def on_log(self, args: Any, state: Any, control: Any, logs: Any = None, **kw: Any) -> Any:
             if logs and "loss" in logs and math.isfinite(float(logs["loss"])):
                 self.loss = float(logs["loss"])
+                self._keep(int(state.global_step), self.loss)
             return self._report(state, control)
 
         def on_train_begin(self, args: Any, state: Any, control: Any, **kw: Any) -> Any:

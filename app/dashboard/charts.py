@@ -1,10 +1,14 @@
-"""Server-side SVG line charts (no JavaScript, nothing fetched at run time)."""
+"""Server-side SVG line charts (no JavaScript, nothing fetched at run time).
+
+The x axis is time (datetime points, ticks as dates) or a number (a training step)."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
 from datetime import datetime
 from html import escape
+
+X = datetime | float
 
 PALETTE = ("#1f6feb", "#d1242f", "#1a7f37", "#9a6700", "#8250df", "#bf3989")
 
@@ -14,8 +18,8 @@ class Series:
     """A named line, optionally with a band (low, high) around it."""
 
     label: str
-    points: list[tuple[datetime, float]]
-    band: list[tuple[datetime, float, float]] = field(default_factory=list)
+    points: list[tuple[X, float]]
+    band: list[tuple[X, float, float]] = field(default_factory=list)
     dashed: bool = False
 
 
@@ -34,6 +38,10 @@ def _fmt(v: float) -> str:
     return f"{v:.2f}"
 
 
+def _x(v: X) -> float:
+    return v.timestamp() if isinstance(v, datetime) else float(v)
+
+
 def line_chart(
     series: list[Series],
     *,
@@ -43,12 +51,12 @@ def line_chart(
     height: int = 240,
     y_min: float | None = None,
     y_max: float | None = None,
+    x_label: str | None = None,
 ) -> str:
     """An inline <svg> with one polyline per series and a translucent band for its interval."""
     left, right, top, bottom = 52, 12, 28, 44
-    xs = [p[0].timestamp() for s in series for p in s.points] + [
-        b[0].timestamp() for s in series for b in s.band
-    ]
+    xs = [_x(p[0]) for s in series for p in s.points] + [_x(b[0]) for s in series for b in s.band]
+    by_time = any(isinstance(p[0], datetime) for s in series for p in s.points)
     ys = [p[1] for s in series for p in s.points] + [
         v for s in series for b in s.band for v in (b[1], b[2])
     ]
@@ -69,8 +77,8 @@ def line_chart(
         hi = lo + 1
     pw, ph = width - left - right, height - top - bottom
 
-    def sx(t: datetime) -> float:
-        return left + (t.timestamp() - x0) / (x1 - x0) * pw
+    def sx(t: X) -> float:
+        return left + (_x(t) - x0) / (x1 - x0) * pw
 
     def sy(v: float) -> float:
         return top + (1 - (v - lo) / (hi - lo)) * ph
@@ -84,7 +92,7 @@ def line_chart(
         )
     for k, t in enumerate(_ticks(x0, x1, 4)):
         x = left + (t - x0) / (x1 - x0) * pw
-        label = datetime.fromtimestamp(t).strftime("%m-%d %H:%M")
+        label = datetime.fromtimestamp(t).strftime("%m-%d %H:%M") if by_time else f"{t:.0f}"
         anchor = ("start", "middle", "middle", "end")[k]
         parts.append(
             f'<text x="{x:.1f}" y="{height - 22}" text-anchor="{anchor}"'
@@ -109,6 +117,11 @@ def line_chart(
         parts.append(
             f'<rect x="{lx}" y="{height - 8}" width="10" height="3" fill="{color}"/>'
             f'<text x="{lx + 14}" y="{height - 3}" class="legend">{escape(s.label)}</text>'
+        )
+    if x_label:
+        parts.append(
+            f'<text x="{width - right}" y="{height - 8}" text-anchor="end"'
+            f' class="tick">{escape(x_label)}</text>'
         )
     parts.append("</svg>")
     return "".join(parts)

@@ -1,0 +1,199 @@
+"""Logged calls: obs.inference_log newest first, filtered by route, adapter, variant and feedback,
+keyset-paginated on (created_at, id) and always bounded by a time window, so a page reads only
+the partitions of that window through the (tenant_id, route, created_at) or
+(tenant_id, adapter_id, created_at) index. Prompts and answers are shown as escaped text."""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime
+from html import escape
+from typing import Any
+
+from fastapi import APIRouter, Request
+from fastapi.responses import Response
+
+from app.core.errors import BadRequest
+from app.dashboard.layout import (
+    PoolDep,
+    link,
+    login_page,
+    num,
+    options,
+    page,
+    reader,
+    tenant,
+    when,
+)
+from app.experiments import service as experiments
+
+router = APIRouter(include_in_schema=False)
+
+ACTIVE = "/dashboard/calls"
+PAGE_SIZE = 50
+WINDOWS = ["1h", "24h", "7d", "30d", "90d"]
+DEFAULT_WINDOW = "24h"
+# feedback filter -> its SQL condition
+FEEDBACK = {
+    "up": "l.fb_explicit > 0",
+    "down": "l.fb_explicit < 0",
+    "regenerated": "l.fb_regen",
+    "edited": "l.fb_edited",
+    "any": "(l.fb_explicit <> 0 OR l.fb_regen OR l.fb_edited)",
+    "none": "(coalesce(l.fb_explicit, 0) = 0 AND NOT l.fb_regen AND NOT l.fb_edited)",
+}
+COLUMNS = (
+    "l.id, l.request_id, l.created_at, l.route, l.adapter_id, l.variant, l.experiment,"
+    " l.messages, l.completion, l.edited_completion, l.fb_explicit, l.fb_regen, l.fb_edited,"
+    " l.ttft_ms, l.tokens_in, l.tokens_out, l.status"
+)
+
+
+def page_query(
+    *,
+    tenant_id: int,
+    since: datetime,
+    route: str | None = None,
+    adapter: str | None = None,
+    variant: str | None = None,
+    feedback: str | None = None,
+    before: tuple[datetime, int] | None = None,
+) -> tuple[str, dict[str, Any]]:
+    """The SQL of one page (PAGE_SIZE + 1 rows, newest first) and its parameters."""
+    where = ["l.tenant_id = %(tenant)s", "l.created_at >= %(since)s"]
+    args: dict[str, Any] = {"tenant": tenant_id, "since": since}
+    for name, col, value in (
+        ("route", "l.route", route),
+        ("adapter", "l.adapter_id", adapter),
+        ("variant", "l.variant", variant),
+    ):
+        if value:
+            where.append(f"{col} = %({name})s")
+            args[name] = value
+    if feedback in FEEDBACK:
+        where.append(FEEDBACK[feedback])
+    if before is not None:
+        # The time bound alone lets each partition's index scan start at the cursor.
+        where.append("l.created_at <= %(b_at)s AND (l.created_at, l.id) < (%(b_at)s, %(b_id)s)")
+        args["b_at"], args["b_id"] = before
+    sql = (
+        f"SELECT {COLUMNS} FROM obs.inference_log l WHERE {' AND '.join(where)}"
+        f" ORDER BY l.created_at DESC, l.id DESC LIMIT {PAGE_SIZE + 1}"
+    )
+    return sql, args
+
+
+def _cursor(row: dict[str, Any]) -> str:
+    return f"{row['created_at'].isoformat()}~{row['id']}"
+
+
+def _parse_cursor(value: str) -> tuple[datetime, int]:
+    try:
+        at, log_id = value.rsplit("~", 1)
+        ts = datetime.fromisoformat(at)
+        return (ts if ts.tzinfo else ts.replace(tzinfo=UTC)), int(log_id)
+    except ValueError:
+        raise BadRequest(
+            "before is not a cursor this page made: follow the 'older' link", param="before"
+        ) from None
+
+
+def _prompt(messages: Any) -> str:
+    if not isinstance(messages, list):
+        return str(messages)
+    users = [m for m in messages if isinstance(m, dict) and m.get("role") == "user"]
+    last = users[-1] if users else (messages[-1] if messages else {})
+    content = last.get("content", "") if isinstance(last, dict) else last
+    return content if isinstance(content, str) else str(content)
+
+
+def _feedback(r: dict[str, Any]) -> str:
+    out = []
+    if r["fb_explicit"] is not None and r["fb_explicit"] > 0:
+        out.append('<span class="fb up">thumbs up</span>')
+    elif r["fb_explicit"] is not None and r["fb_explicit"] < 0:
+        out.append('<span class="fb down">thumbs down</span>')
+    if r["fb_regen"]:
+        out.append('<span class="fb regen">regenerated</span>')
+    if r["fb_edited"]:
+        edited = escape(r["edited_completion"] or "")
+        out.append(
+            f'<details class="fb edited"><summary>edited</summary><pre class="text">{edited}'
+            "</pre></details>"
+        )
+    return " ".join(out) or '<span class="muted">none</span>'
+
+
+def _row(r: dict[str, Any]) -> str:
+    prompt = _prompt(r["messages"])
+    return (
+        f'<tr class="call" data-id="{r["id"]}"><td>{when(r["created_at"])}'
+        f'<div class="muted">{escape(str(r["request_id"]))[:8]}</div></td>'
+        f"<td>{escape(r['route'])}</td><td>{escape(r['adapter_id'])}</td>"
+        f"<td>{escape(r['variant'] or '–')}</td>"
+        f'<td><pre class="text prompt">{escape(prompt)}</pre></td>'
+        f'<td><pre class="text completion">{escape(r["completion"] or "")}</pre></td>'
+        f"<td>{_feedback(r)}</td><td class=n>{num(r['ttft_ms'])} ms"
+        f"<div class=muted>{num(r['tokens_in'])} → {num(r['tokens_out'])} tok</div></td></tr>"
+    )
+
+
+@router.get("/dashboard/calls")
+def calls_page(
+    request: Request,
+    pool: PoolDep,
+    route: str | None = None,
+    adapter: str | None = None,
+    variant: str | None = None,
+    feedback: str | None = None,
+    window: str = DEFAULT_WINDOW,
+    before: str | None = None,
+) -> Response:
+    """A page of the tenant's logged calls, newest first, with filters and an 'older' link."""
+    key = reader(request, pool)
+    if key is None:
+        return login_page()
+    try:
+        delta = experiments.parse_window(window)
+        cursor = _parse_cursor(before) if before else None
+    except BadRequest as exc:
+        body = f'<section><p role="alert">{escape(exc.message)}</p></section>'
+        return page("logged calls", body, active=ACTIVE, status=400)
+    feedback = feedback if feedback in FEEDBACK else None
+    filters = {"route": route, "adapter": adapter, "variant": variant, "feedback": feedback}
+    with tenant(key, pool) as conn:
+        since = datetime.now(UTC) - delta
+        sql, args = page_query(tenant_id=key.tenant_id, since=since, before=cursor, **filters)
+        rows = conn.execute(sql, args).fetchall()
+        routes = [r["name"] for r in conn.execute("SELECT name FROM serve.route ORDER BY name")]
+        adapters = [
+            r["id"] for r in conn.execute("SELECT id FROM serve.adapter ORDER BY created_at DESC")
+        ]
+    more = len(rows) > PAGE_SIZE
+    rows = rows[:PAGE_SIZE]
+    form = (
+        '<form class="filters" method="get">'
+        f"<label>route<select name=route>{options(routes, route)}</select></label>"
+        f'<label>adapter<input name=adapter list=adapters value="{escape(adapter or "")}">'
+        f"<datalist id=adapters>{options(adapters, None, blank='')}</datalist></label>"
+        f"<label>variant<select name=variant>{options(['A', 'B', 'C', 'D'], variant)}</select>"
+        f"</label><label>feedback<select name=feedback>{options(list(FEEDBACK), feedback)}"
+        f"</select></label><label>window<select name=window>"
+        f"{options(WINDOWS, window, blank=None)}</select></label>"
+        "<button>show</button></form>"
+    )
+    pager = []
+    if before:
+        pager.append(link(ACTIVE, text="« newest", window=window, **filters))
+    if more and rows:
+        pager.append(
+            link(ACTIVE, text="older ›", window=window, before=_cursor(rows[-1]), **filters)
+        )
+    body = (
+        f"<section><h2>Logged calls, last {escape(window)}, newest first</h2>{form}</section>"
+        "<section><table id=calls><tr><th>when</th><th>route</th><th>adapter</th><th>variant</th>"
+        "<th>prompt (last user message)</th><th>answer</th><th>feedback</th>"
+        "<th class=n>ttft, tokens</th></tr>"
+        + ("".join(_row(r) for r in rows) or "<tr><td colspan=8>no calls in this window</td></tr>")
+        + f'</table><div class="pager">{"".join(pager)}</div></section>'
+    )
+    return page("logged calls", body, active=ACTIVE)
