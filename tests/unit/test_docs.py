@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -11,6 +12,7 @@ from app.core.config import Settings
 
 ROOT = Path(__file__).resolve().parents[2]
 CONFIGURATION = ROOT / "docs" / "configuration.md"
+README = ROOT / "README.md"
 
 
 def test_every_setting_is_in_the_configuration_table():
@@ -35,3 +37,14 @@ def test_docs_site_builds_strictly(tmp_path: Path):
     )
     assert out.returncode == 0, out.stdout + out.stderr
     assert (tmp_path / "site" / "index.html").exists()
+
+
+def test_readme_is_a_front_page_whose_links_resolve():
+    # mkdocs checks the links inside docs/; README's own links into docs/ are checked here.
+    text = README.read_text()
+    assert len(text.splitlines()) <= 250, "README is the front page: move guide text into docs/"
+    targets = re.findall(r"\]\(([^)#\s]+)(?:#[^)]*)?\)", text)
+    local = [t for t in targets if "://" not in t]
+    assert local, "README links to no guide"
+    broken = [t for t in local if not (ROOT / t).exists()]
+    assert broken == []
