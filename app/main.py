@@ -24,8 +24,10 @@ from app.gateway import service as gateway
 from app.gateway.service import ReconcilerFactory
 from app.logs import router as logs_router
 from app.loop import router as loop_router
+from app.otel import router as otel_router
 from app.privacy import router as privacy_router
 from app.routes import router as routes_router
+from app.tenants import router as tenants_router
 from app.training import router as training_router
 
 
@@ -80,6 +82,7 @@ def create_app(
     app.include_router(adapters_router.router)
     app.include_router(datasets_router.router)
     app.include_router(logs_router.router)
+    app.include_router(otel_router.router)
     # Inside the body limit (added after = further out): the two gateway calls skip FastAPI's
     # per-request routing and dependency machinery, with the same handler code.
     app.add_middleware(fastpath.GatewayFastPath)
@@ -91,5 +94,6 @@ def create_app(
     app.include_router(dashboard_router.router)
     app.include_router(routes_router.router)
     app.include_router(loop_router.router)
+    app.include_router(tenants_router.router)
     app.add_middleware(MetricsMiddleware)  # added last = outermost: times everything inside
     return app

@@ -2,6 +2,8 @@
 
 Keys are 256-bit random strings shown once; only their sha256 is stored (a slow hash adds
 nothing for keys with this much entropy, and verification stays one index lookup).
+Tenant keys have one of ROLES and act for their tenant; an operator key (role OPERATOR, no
+tenant) administers tenants (/v1/tenants) and nothing else, and a tenant key never does that.
 """
 
 from __future__ import annotations
@@ -19,6 +21,7 @@ from app.core.deps import get_pool
 from app.core.errors import Forbidden, Unauthorized, database_required
 
 ROLES = ("ingest", "client", "trainer", "release", "reader", "admin")
+OPERATOR = "operator"  # platform-wide; not one of a tenant's ROLES
 KEY_PREFIX = "cft_"
 
 
@@ -30,6 +33,20 @@ class ApiKey:
     tenant_id: int
     role: str
     prefix: str
+
+
+@dataclass(frozen=True)
+class OperatorKey:
+    """An authenticated operator (platform-wide, no tenant)."""
+
+    id: int
+    prefix: str
+    name: str | None
+
+    @property
+    def actor(self) -> str:
+        """How the audit names this operator."""
+        return f"operator key {self.prefix}" + (f" ({self.name})" if self.name else "")
 
 
 def hash_key(key: str) -> bytes:
@@ -56,14 +73,32 @@ def create_key(conn: Connection, *, tenant_id: int, role: str, name: str | None 
     return key
 
 
-def lookup(conn: Connection, key: str) -> ApiKey | None:
-    """The live key matching key, or None (unknown or revoked)."""
-    row = conn.execute(
-        "SELECT id, tenant_id, role, prefix FROM auth.api_key"
+def create_operator_key(conn: Connection, *, name: str | None = None) -> str:
+    """Store a new operator key and return it (the only time it is visible)."""
+    key, prefix = generate_key()
+    conn.execute(
+        "INSERT INTO auth.api_key (tenant_id, role, prefix, key_hash, name)"
+        " VALUES (NULL, %s, %s, %s, %s)",
+        (OPERATOR, prefix, hash_key(key), name),
+    )
+    return key
+
+
+def _find(conn: Connection, key: str) -> dict[str, Any] | None:
+    row: dict[str, Any] | None = conn.execute(
+        "SELECT id, tenant_id, role, prefix, name FROM auth.api_key"
         " WHERE key_hash = %s AND revoked_at IS NULL",
         (hash_key(key),),
     ).fetchone()
-    return ApiKey(**row) if row else None
+    return row
+
+
+def lookup(conn: Connection, key: str) -> ApiKey | None:
+    """The live tenant key matching key, or None (unknown, revoked or an operator key)."""
+    row = _find(conn, key)
+    if row is None or row["tenant_id"] is None:
+        return None
+    return ApiKey(id=row["id"], tenant_id=row["tenant_id"], role=row["role"], prefix=row["prefix"])
 
 
 def _bearer(request: Request) -> str:
@@ -80,11 +115,36 @@ def authenticate(request: Request, pool: Annotated[Pool, Depends(get_pool)]) -> 
     """Resolve the bearer key of the request (401 if missing, unknown or revoked)."""
     token = _bearer(request)
     with database_required(), pool.connection() as conn:
-        key = lookup(conn, token)
-    if key is None:
+        row = _find(conn, token)
+    if row is None:
         raise Unauthorized("invalid or revoked API key")
+    if row["tenant_id"] is None:
+        raise Forbidden(
+            "this is an operator key: it administers tenants (/v1/tenants) and cannot act for"
+            " a tenant; use a key of the tenant (POST /v1/tenants/{name}/keys)"
+        )
+    key = ApiKey(id=row["id"], tenant_id=row["tenant_id"], role=row["role"], prefix=row["prefix"])
     request.state.api_key = key
     return key
+
+
+def operator_key(request: Request, pool: Annotated[Pool, Depends(get_pool)]) -> OperatorKey:
+    """Admit operator keys only (401 if missing, unknown or revoked; 403 for a tenant key)."""
+    token = _bearer(request)
+    with database_required(), pool.connection() as conn:
+        row = _find(conn, token)
+    if row is None:
+        raise Unauthorized("invalid or revoked API key")
+    if row["role"] != OPERATOR:
+        raise Forbidden(
+            f"this endpoint needs an operator key (`cft operator key create`); yours is a key"
+            f" of a tenant with role {row['role']}"
+        )
+    return OperatorKey(id=row["id"], prefix=row["prefix"], name=row["name"])
+
+
+# Read by the role sweep (tests/integration/test_security.py), as require()'s are.
+operator_key.roles = frozenset({OPERATOR})  # type: ignore[attr-defined]
 
 
 def require(*roles: str) -> Callable[..., ApiKey]:
@@ -118,20 +178,25 @@ TrainerKey = Annotated[ApiKey, Depends(require("trainer"))]
 ReleaseKey = Annotated[ApiKey, Depends(require("release"))]
 ReaderKey = Annotated[ApiKey, Depends(require("reader", "trainer", "release"))]
 AdminKey = Annotated[ApiKey, Depends(require())]
+OperatorAuth = Annotated[OperatorKey, Depends(operator_key)]
 # scope="function": the transaction commits before the response is sent, so a 2xx is only
 # ever sent for work that is committed (FastAPI's default tears down after sending).
 TenantConn = Annotated[Connection, Depends(tenant_conn, scope="function")]
 
 __all__: list[Any] = [
+    "OPERATOR",
     "ROLES",
     "AdminKey",
     "ApiKey",
     "IngestKey",
+    "OperatorAuth",
+    "OperatorKey",
     "ReaderKey",
     "ReleaseKey",
     "TenantConn",
     "TrainerKey",
     "create_key",
+    "create_operator_key",
     "lookup",
     "require",
 ]

@@ -30,13 +30,40 @@ def create_tenant(conn: Connection, *, name: str, consent_training: bool = False
     return row
 
 
+_TENANT_COLUMNS = (
+    "SELECT t.id, t.name, t.consent_training, t.created_at, t.updated_at,"
+    " (SELECT count(*) FROM auth.api_key k WHERE k.tenant_id = t.id AND k.revoked_at IS NULL)"
+    " AS live_keys FROM tenant t"
+)
+
+
 def list_tenants(conn: Connection) -> list[dict[str, Any]]:
     """Every tenant with its number of live keys."""
-    return conn.execute(
-        "SELECT t.id, t.name, t.consent_training, t.created_at,"
-        " (SELECT count(*) FROM auth.api_key k WHERE k.tenant_id = t.id AND k.revoked_at IS NULL)"
-        " AS live_keys FROM tenant t ORDER BY t.id"
-    ).fetchall()
+    return conn.execute(_TENANT_COLUMNS + " ORDER BY t.id").fetchall()
+
+
+def describe_tenant(conn: Connection, ref: str) -> dict[str, Any]:
+    """One tenant (by name or id) with its number of live keys; NotFound if there is none."""
+    row: dict[str, Any] | None = conn.execute(
+        _TENANT_COLUMNS + " WHERE t.name = %s OR t.id::text = %s", (ref, ref)
+    ).fetchone()
+    if row is None:
+        raise NotFound(f"no tenant {ref!r} (see GET /v1/tenants or `cft tenant list`)")
+    return row
+
+
+def set_consent(conn: Connection, ref: str, *, consent_training: bool) -> dict[str, Any]:
+    """Give or withdraw a tenant's consent to training on its traffic.
+
+    Snapshots and the loop's triggers read the consent when they run (train.create_snapshot),
+    so a withdrawal holds for every snapshot taken after this commits.
+    """
+    t = get_tenant_or_raise(conn, ref)
+    conn.execute(
+        "UPDATE tenant SET consent_training = %s, updated_at = now() WHERE id = %s",
+        (consent_training, t["id"]),
+    )
+    return describe_tenant(conn, str(t["id"]))
 
 
 def get_tenant_or_raise(conn: Connection, ref: str) -> dict[str, Any]:
@@ -77,6 +104,39 @@ def revoke_key(conn: Connection, ref: str) -> dict[str, Any]:
     if row is None:
         raise NotFound(f"no live key with prefix or id {ref!r} (see `cft key list`)")
     return row
+
+
+def revoke_tenant_key(conn: Connection, *, tenant: str, ref: str) -> dict[str, Any]:
+    """Revoke one key of a tenant by prefix or id; NotFound if the tenant has no such key."""
+    t = get_tenant_or_raise(conn, tenant)
+    row: dict[str, Any] | None = conn.execute(
+        "UPDATE auth.api_key SET revoked_at = coalesce(revoked_at, now())"
+        " WHERE (prefix = %s OR id::text = %s) AND tenant_id = %s"
+        " RETURNING id, role, prefix, name, created_at, revoked_at",
+        (ref, ref, t["id"]),
+    ).fetchone()
+    if row is None:
+        raise NotFound(f"tenant {t['name']!r} has no key with prefix or id {ref!r}")
+    return row
+
+
+def create_operator_key(conn: Connection, *, name: str | None = None) -> tuple[dict[str, Any], str]:
+    """A new operator key (platform-wide): its row and the key itself (shown once)."""
+    key = auth.create_operator_key(conn, name=name)
+    row: dict[str, Any] | None = conn.execute(
+        "SELECT id, role, prefix, name, created_at FROM auth.api_key WHERE key_hash = %s",
+        (auth.hash_key(key),),
+    ).fetchone()
+    assert row is not None
+    return row, key
+
+
+def list_operator_keys(conn: Connection) -> list[dict[str, Any]]:
+    """Every operator key (prefixes only)."""
+    return conn.execute(
+        "SELECT id, role, prefix, name, created_at, revoked_at FROM auth.api_key"
+        " WHERE tenant_id IS NULL ORDER BY id"
+    ).fetchall()
 
 
 def list_keys(conn: Connection, *, tenant: str) -> list[dict[str, Any]]:
