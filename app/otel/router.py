@@ -1,0 +1,74 @@
+"""HTTP of OTLP ingestion: POST /v1/traces (OTLP/HTTP, protobuf or JSON, gzip accepted)."""
+
+from __future__ import annotations
+
+from typing import Annotated
+
+from fastapi import APIRouter, Depends, Request, Response
+from starlette.concurrency import run_in_threadpool
+
+from app.core.auth import IngestKey
+from app.core.config import Settings
+from app.core.db import Pool, tenant_transaction
+from app.core.deps import get_pool
+from app.core.errors import database_required
+from app.otel import service
+
+router = APIRouter(tags=["opentelemetry"])
+
+PoolDep = Annotated[Pool, Depends(get_pool)]
+
+
+def _ingest(
+    pool: Pool,
+    tenant_id: int,
+    request: service.ExportTraceServiceRequest,
+    default_route: str | None,
+    settings: Settings,
+) -> service.Outcome:
+    # Committed before the response is written: an acknowledged span is durable.
+    with database_required(), tenant_transaction(pool, tenant_id) as conn:
+        return service.ingest(
+            conn,
+            tenant_id=tenant_id,
+            request=request,
+            default_route=default_route,
+            settings=settings,
+        )
+
+
+@router.post(
+    "/v1/traces",
+    summary="OTLP/HTTP trace export (OpenTelemetry GenAI spans)",
+    description=(
+        "An OTLP ExportTraceServiceRequest as application/x-protobuf or application/json"
+        " (Content-Encoding gzip accepted), authenticated with an ingest key. GenAI chat spans"
+        " become log records (idempotent by span), other spans are skipped; rejected spans are"
+        " counted in partial_success with the reason. The route comes from the span or"
+        " resource attribute cft.route, else the X-Cft-Route header. See docs/opentelemetry.md."
+    ),
+    response_class=Response,
+)
+async def post_traces(request: Request, key: IngestKey, pool: PoolDep) -> Response:
+    """Ingest the GenAI chat spans of an OTLP trace export."""
+    settings: Settings = request.app.state.settings
+    body = service.decompress(
+        await request.body(),
+        request.headers.get("content-encoding"),
+        max_bytes=settings.max_body_bytes,
+    )
+    content_type = request.headers.get("content-type")
+    export = service.parse(body, content_type)
+    route = request.headers.get("x-cft-route") or None
+    outcome = await run_in_threadpool(_ingest, pool, key.tenant_id, export, route, settings)
+    kind = service.PROTOBUF if service.PROTOBUF in (content_type or "") else service.JSON
+    return Response(
+        service.response_body(outcome, kind),
+        media_type=kind,
+        headers={
+            "X-Cft-Spans-Inserted": str(outcome.inserted),
+            "X-Cft-Spans-Existing": str(outcome.existing),
+            "X-Cft-Spans-Skipped": str(outcome.skipped),
+            "X-Cft-Spans-Rejected": str(len(outcome.rejected)),
+        },
+    )
