@@ -96,6 +96,15 @@ EXPECTED: dict[str, frozenset[str]] = {
     "GET /v1/loop/cycles/{cycle_id}": READ,
     "GET /v1/loop/control": READ,
     "PUT /v1/loop/control": frozenset({"admin"}),
+    # The operator API: operator keys only, never a tenant's (tests/integration/test_tenants_api.py).
+    "POST /v1/tenants": frozenset({auth.OPERATOR}),
+    "GET /v1/tenants": frozenset({auth.OPERATOR}),
+    "GET /v1/tenants/{name}": frozenset({auth.OPERATOR}),
+    "PATCH /v1/tenants/{name}": frozenset({auth.OPERATOR}),
+    "DELETE /v1/tenants/{name}": frozenset({auth.OPERATOR}),
+    "POST /v1/tenants/{name}/keys": frozenset({auth.OPERATOR}),
+    "GET /v1/tenants/{name}/keys": frozenset({auth.OPERATOR}),
+    "DELETE /v1/tenants/{name}/keys/{key_id}": frozenset({auth.OPERATOR}),
 }
 XSS = '<script>alert(1)</script>"><img src=x onerror=alert(2)>'
 INJECTIONS = [
@@ -228,6 +237,7 @@ FAKE_IDS = {
     "request_id": str(uuid.UUID(int=3)),
     "name": "no-such-name",
     "cycle_id": "999999999",
+    "key_id": "cft_nosuchkey",
 }
 
 

@@ -17,6 +17,9 @@ from tests.support.servers import serve_app
 from tests.support.training import make_run, make_snapshot
 
 SKIP = {"/v1/chat/completions", "/v1/completions"}  # the router's LLM endpoints, no ids
+# The operator API (/v1/tenants): no tenant key may use it at all (403, swept by role in
+# test_security.py; tenants apart in test_tenants_api.py).
+SKIP |= {"/v1/tenants/{name}", "/v1/tenants/{name}/keys", "/v1/tenants/{name}/keys/{key_id}"}
 BODIES: dict[str, Any] = {
     "/v1/logs/{request_id}/feedback": {"thumbs": 1},
     "/v1/adapters/{adapter_id}/canary": {"traffic_pct": 5},
