@@ -25,7 +25,6 @@ from app.gateway.service import ReconcilerFactory
 from app.logs import router as logs_router
 from app.loop import router as loop_router
 from app.otel import router as otel_router
-from app.otel import router as otel_router
 from app.privacy import router as privacy_router
 from app.routes import router as routes_router
 from app.tenants import router as tenants_router
@@ -83,7 +82,6 @@ def create_app(
     app.include_router(adapters_router.router)
     app.include_router(datasets_router.router)
     app.include_router(logs_router.router)
-    app.include_router(otel_router.router)
     app.include_router(otel_router.router)
     # Inside the body limit (added after = further out): the two gateway calls skip FastAPI's
     # per-request routing and dependency machinery, with the same handler code.
