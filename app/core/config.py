@@ -5,7 +5,7 @@ from __future__ import annotations
 from functools import lru_cache
 from pathlib import Path
 
-from pydantic import Field, SecretStr
+from pydantic import Field, SecretStr, field_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 
@@ -51,7 +51,14 @@ class Settings(BaseSettings):
         " that no adapter row references (an upload whose registration never committed).",
     )
     engine_urls: str = Field(
-        "", description="Comma-separated OpenAI/vLLM engine base URLs; empty = local engine."
+        "",
+        description="Comma-separated engine base URLs, each optionally KIND+URL with KIND vllm"
+        " (the default), sglang, lorax or local (docs/engines.md); empty = local engine.",
+    )
+    engine_max_lora_rank: int = Field(
+        16,
+        description="The engines' --max-lora-rank: the trainer refuses to register an adapter"
+        " an engine would not load (app/adapters/engine_compat.py).",
     )
     route_cache_ttl: float = Field(
         5.0, description="Seconds the router caches a route (NOTIFY invalidates at once)."
@@ -94,6 +101,14 @@ class Settings(BaseSettings):
         10, description="Most near duplicates the embedder stores per prompt (k)."
     )
 
+    @field_validator("engine_urls")
+    @classmethod
+    def _engine_urls_parse(cls, value: str) -> str:
+        from app.gateway.engine_kinds import parse_engine_urls  # pure; no gateway runtime
+
+        parse_engine_urls(value)  # a readable ValueError at startup
+        return value
+
     @property
     def embedded(self) -> bool:
         """True when cft runs its own PostgreSQL under CFT_HOME."""
@@ -101,7 +116,7 @@ class Settings(BaseSettings):
 
     @property
     def engine_url_list(self) -> list[str]:
-        """CFT_ENGINE_URLS as a list."""
+        """CFT_ENGINE_URLS as a list of entries (`KIND+URL` or a bare vLLM URL)."""
         return [u.strip() for u in self.engine_urls.split(",") if u.strip()]
 
     @property

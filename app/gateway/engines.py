@@ -1,9 +1,11 @@
 """The engines behind the router and what each one has loaded.
 
 `EngineState.models` is the set of names the engine serves, as last seen on its /v1/models
-(refreshed by every reconciler pass, and trimmed at once when the engine answers 404 for one).
-The gateway only sends an adapter name to an engine whose set contains it (invariant 8: never
-route to an adapter that is not loaded); `None` means not probed yet.
+(refreshed by every reconciler pass, and trimmed at once when the engine refuses one). The
+gateway only sends an adapter name to an engine whose set contains it (invariant 8: never
+route to an adapter that is not loaded); `None` means not probed yet. Each engine has a kind
+(app/gateway/engine_kinds.py): a LoRAX engine has no /v1/models and loads adapters on first
+use, so its set is what the reconciler verified and staged for it.
 """
 
 from __future__ import annotations
@@ -13,12 +15,14 @@ import itertools
 import socket
 import time
 from collections import deque
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from urllib.parse import urlsplit
 
 import aiohttp
 import httptools
 import orjson
+
+from app.gateway.engine_kinds import EngineKind, parse_engine_url
 
 # An engine that refused a connection or timed out is skipped for this long.
 DOWN_FOR = 2.0
@@ -26,11 +30,20 @@ DOWN_FOR = 2.0
 
 @dataclass
 class EngineState:
-    """One engine: its URL, the models it serves, and whether it looks down."""
+    """One engine: its URL and kind, the models it serves, and whether it looks down."""
 
     url: str
     models: frozenset[str] | None = None
     down_until: float = 0.0
+    kind: EngineKind = "vllm"
+    # lorax: adapter id -> the directory the engine reads it from (set by the reconciler).
+    adapter_paths: dict[str, str] = field(default_factory=dict)
+
+    @classmethod
+    def parse(cls, raw: str) -> EngineState:
+        """An engine from a CFT_ENGINE_URLS entry (`KIND+URL` or a bare vLLM URL)."""
+        spec = parse_engine_url(raw)
+        return cls(spec.url, kind=spec.kind)
 
     @property
     def up(self) -> bool:
@@ -247,7 +260,7 @@ class EnginePool:
     def __init__(self, urls: list[str], *, timeout: float = 120.0):
         if not urls:
             raise ValueError("no engine URLs configured (CFT_ENGINE_URLS)")
-        self.engines = [EngineState(u.rstrip("/")) for u in urls]
+        self.engines = [EngineState.parse(u) for u in urls]
         self._turn = itertools.count()
         self.timeout = aiohttp.ClientTimeout(
             total=None, connect=10.0, sock_connect=2.0, sock_read=timeout
@@ -299,17 +312,23 @@ class EnginePool:
         return sorted(rotated, key=lambda e: (not e.up, model is not None and not e.has(model)))
 
     async def probe(self, engine: EngineState) -> bool:
-        """Read the engine's /v1/models now; False (and marked down) if it does not answer."""
+        """Read the engine's /v1/models now (a LoRAX engine: its /health, and no adapter until
+        the reconciler staged one); False (and marked down) if it does not answer."""
+        path = "/health" if engine.kind == "lorax" else "/v1/models"
         try:
             async with self.session.get(
-                engine.url + "/v1/models", timeout=aiohttp.ClientTimeout(total=2.0)
+                engine.url + path, timeout=aiohttp.ClientTimeout(total=2.0)
             ) as resp:
                 resp.raise_for_status()
-                payload = orjson.loads(await resp.read())
+                raw = await resp.read()
+                payload = orjson.loads(raw) if engine.kind != "lorax" else None
         except (aiohttp.ClientError, TimeoutError, orjson.JSONDecodeError):
             engine.mark_down()
             return False
-        engine.models = model_ids(payload)
+        if engine.kind == "lorax":
+            engine.models = engine.models or frozenset()
+        else:
+            engine.models = model_ids(payload)
         return True
 
     async def close(self) -> None:

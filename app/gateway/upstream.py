@@ -19,6 +19,7 @@ from app.core.metrics import (
     child,
 )
 from app.gateway.assign import Assignment, RouteState
+from app.gateway.engine_kinds import adapter_refused, upstream_fields
 from app.gateway.engines import ENGINE_ERRORS, EngineState, Reply
 from app.gateway.service import RouterRuntime
 
@@ -88,6 +89,19 @@ async def _adapter_failed(
         runtime.reconciler.kick()
 
 
+async def _refused(engine: EngineState, resp: Response) -> bool:
+    """True when the engine's answer says the adapter is not available there (by its kind)."""
+    if resp.status in (200, 201):
+        return False
+    if resp.status == 404 or resp.status >= 500:
+        return True
+    try:
+        body = await resp.read()  # an error body, never a stream; kept for _adapter_failed
+    except ENGINE_ERRORS:
+        return True
+    return adapter_refused(engine.kind, resp.status, body)
+
+
 async def send(
     runtime: RouterRuntime,
     state: RouteState,
@@ -107,7 +121,14 @@ async def send(
             ENGINE_FAILURES.labels(engine.url, "probe").inc()
             continue
         for model in _candidates(engine, state, assignment):
-            body["model"] = model
+            # The engine's kind decides how a model is named (SGLang base:adapter, LoRAX path).
+            body.pop("adapter_source", None)
+            body |= upstream_fields(
+                engine.kind,
+                model,
+                base_model=state.base_model,
+                adapter_path=engine.adapter_paths.get(model),
+            )
             started = time.perf_counter()
             try:
                 resp = await engines.post(engine, path, orjson.dumps(body), stream=stream)
@@ -120,7 +141,7 @@ async def send(
             child(ROUTER_LATENCY, "lora" if is_adapter else "base").observe(
                 time.perf_counter() - started
             )
-            if is_adapter and (resp.status == 404 or resp.status >= 500):
+            if is_adapter and await _refused(engine, resp):
                 await _adapter_failed(runtime, engine, state, model, resp)
                 failed_adapter = True
                 continue

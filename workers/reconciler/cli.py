@@ -19,7 +19,10 @@ from workers.reconciler.reconciler import Reconciler
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     """Options of `cft worker reconcile`."""
     parser.add_argument(
-        "--engine", action="append", default=None, help="engine base URL (default CFT_ENGINE_URLS)"
+        "--engine",
+        action="append",
+        default=None,
+        help="engine base URL, KIND+URL for sglang/lorax (default CFT_ENGINE_URLS)",
     )
     parser.add_argument("--once", action="store_true", help="one pass, then exit")
     parser.add_argument("--interval", type=float, default=None, help="seconds between passes")
@@ -33,9 +36,14 @@ def run(args: argparse.Namespace) -> int:
     if not urls:
         print("no engines: pass --engine URL or set CFT_ENGINE_URLS")
         return 2
+    try:
+        engines = [EngineState.parse(u) for u in urls]
+    except ValueError as exc:
+        print(f"cannot reconcile: {exc}")
+        return 2
     rec = Reconciler(
         database_url(settings),
-        [EngineState(u.rstrip("/")) for u in urls],
+        engines,
         serving_dir=settings.serving_path,
         settings=settings,
         interval=args.interval or settings.reconcile_interval,

@@ -2,12 +2,18 @@
 
 One pass, per engine: read its /v1/models; for each desired adapter it lacks (new, or lost in
 an engine restart), fetch the artefact into the serving directory, verify its sha256 against
-the registry (invariant 8: a mismatch is never loaded), and POST /v1/load_lora_adapter with
-lora_name = the adapter id (ids are unique per version, so a name is never reused); then
-unload the adapters this reconciler loaded that are no longer canary or prod (each route's
-previous prod stays loaded, so a rollback needs no load). Loads come
-before unloads, so a promoted adapter is ready before the old one goes. Outcomes go to
-serve.adapter_deployment (one row per adapter and engine), the log and the metrics.
+the registry (invariant 8: a mismatch is never loaded), and load it with lora_name = the
+adapter id (ids are unique per version, so a name is never reused); then unload the adapters
+this reconciler loaded that are no longer canary or prod (each route's previous prod stays
+loaded, so a rollback needs no load). Loads come before unloads, so a promoted adapter is
+ready before the old one goes. Outcomes go to serve.adapter_deployment (one row per adapter
+and engine), the log and the metrics.
+
+The engine's kind decides the calls (protocols.py): vLLM and the local engine POST
+/v1/load_lora_adapter, SGLang POST /load_lora_adapter. A LoRAX engine gets no load call: it
+reads an adapter from the serving directory on its first request, so the reconciler only
+verifies and stages the files there, records the deployment ('loaded' = staged and verified),
+and tells the router which adapters it may name (EngineState.models / adapter_paths).
 
 Passes run on NOTIFY cft_adapter, when the gateway asks (an engine said 404), and every
 `interval` seconds. It runs inside the API process (a thread, started with the router runtime:
@@ -34,6 +40,8 @@ from app.core.db import Connection
 from app.core.metrics import COLD_STARTS, RECONCILER_ERRORS, ROUTER_ACTIVE_ADAPTERS
 from app.gateway.engines import EngineState, model_ids
 from app.gateway.table import CHANNEL
+from workers.reconciler import protocols
+from workers.reconciler.protocols import Outcome
 
 log = logging.getLogger("cft.reconciler")
 
@@ -117,9 +125,21 @@ class Reconciler:
         ).fetchall()
         return {r["id"]: Desired(**r) for r in rows}
 
+    def _deployments(self, conn: Connection, engine: EngineState) -> dict[str, str]:
+        return {
+            r["adapter_id"]: r["state"]
+            for r in conn.execute(
+                "SELECT adapter_id, state FROM serve.adapter_deployment WHERE engine_url = %s",
+                (engine.url,),
+            ).fetchall()
+        }
+
     def _reconcile_engine(
         self, conn: Connection, engine: EngineState, desired: dict[str, Desired], rep: PassReport
     ) -> None:
+        if engine.kind == "lorax":
+            self._reconcile_staged(conn, engine, desired, rep)
+            return
         try:
             resp = self.client.get(engine.url + "/v1/models", timeout=5.0)
             resp.raise_for_status()
@@ -131,13 +151,7 @@ class Reconciler:
             return
         models = set(model_ids(resp.json()))
         engine.models = frozenset(models)
-        ours = {
-            r["adapter_id"]: r["state"]
-            for r in conn.execute(
-                "SELECT adapter_id, state FROM serve.adapter_deployment WHERE engine_url = %s",
-                (engine.url,),
-            ).fetchall()
-        }
+        ours = self._deployments(conn, engine)
         for adapter in desired.values():
             if adapter.id in models:
                 if ours.get(adapter.id) != "loaded":
@@ -173,23 +187,16 @@ class Reconciler:
         except artefacts.ArtefactError as exc:
             return self._refuse(conn, engine, adapter, rep, "fetch", str(exc))
         try:
-            resp = self.client.post(
-                engine.url + "/v1/load_lora_adapter",
-                json={"lora_name": adapter.id, "lora_path": str(path)},
-            )
+            answer = protocols.load(self.client, engine.kind, engine.url, adapter.id, str(path))
         except httpx.HTTPError as exc:
             RECONCILER_ERRORS.labels("load").inc()
             engine.mark_down()
             log.warning("loading %s into %s failed: %s", adapter.id, engine.url, exc)
             return False
-        if resp.status_code != 200 and "already" not in resp.text:
+        if answer.outcome not in (Outcome.DONE, Outcome.ALREADY):
+            reason = "load" if answer.outcome in (Outcome.REFUSED, Outcome.FAILED) else None
             return self._refuse(
-                conn,
-                engine,
-                adapter,
-                rep,
-                "load",
-                f"engine answered {resp.status_code}: {resp.text[:500]}",
+                conn, engine, adapter, rep, reason or answer.outcome.value, answer.message
             )
         COLD_STARTS.labels(engine.url).inc()
         self._failed_at.pop(adapter.id, None)
@@ -235,25 +242,58 @@ class Reconciler:
 
     def _unload(self, engine: EngineState, adapter_id: str) -> bool:
         try:
-            resp = self.client.post(
-                engine.url + "/v1/unload_lora_adapter", json={"lora_name": adapter_id}
-            )
+            answer = protocols.unload(self.client, engine.kind, engine.url, adapter_id)
         except httpx.HTTPError as exc:
             RECONCILER_ERRORS.labels("unload").inc()
             log.warning("unloading %s from %s failed: %s", adapter_id, engine.url, exc)
             return False
-        if resp.status_code not in (200, 404):
+        if answer.outcome not in (Outcome.DONE, Outcome.ALREADY):
             RECONCILER_ERRORS.labels("unload").inc()
-            log.warning(
-                "unloading %s from %s: %s %s",
-                adapter_id,
-                engine.url,
-                resp.status_code,
-                resp.text[:200],
-            )
+            log.warning("unloading %s from %s: %s", adapter_id, engine.url, answer.message)
             return False
         log.info("unloaded adapter %s from %s", adapter_id, engine.url)
         return True
+
+    def _reconcile_staged(
+        self, conn: Connection, engine: EngineState, desired: dict[str, Desired], rep: PassReport
+    ) -> None:
+        """A LoRAX engine: stage verified artefacts where it reads them; no engine call."""
+        try:
+            self.client.get(engine.url + "/health", timeout=5.0).raise_for_status()
+        except httpx.HTTPError as exc:
+            RECONCILER_ERRORS.labels("engine_down").inc()
+            log.warning("engine %s does not answer /health: %s", engine.url, exc)
+            engine.mark_down()
+            rep.engines_down.append(engine.url)
+            return
+        ours = self._deployments(conn, engine)
+        staged: set[str] = set()
+        for adapter in desired.values():
+            if ours.get(adapter.id) == "loaded" and (self.serving_dir / adapter.id).is_dir():
+                staged.add(adapter.id)
+                continue
+            if time.monotonic() - self._failed_at.get(adapter.id, -1e9) < RETRY_FAILED_AFTER:
+                continue
+            try:
+                self._prepare(adapter)
+            except artefacts.ArtefactMismatch as exc:
+                self._refuse(conn, engine, adapter, rep, "sha256", str(exc))
+                continue
+            except artefacts.ArtefactError as exc:
+                self._refuse(conn, engine, adapter, rep, "fetch", str(exc))
+                continue
+            self._failed_at.pop(adapter.id, None)
+            self._record(conn, adapter.id, engine.url, "loaded", None, checked=True)
+            rep.loaded.append((adapter.id, engine.url))
+            staged.add(adapter.id)
+            log.info("staged adapter %s for %s (loaded on first use)", adapter.id, engine.url)
+        for adapter_id, state in ours.items():
+            if state == "loaded" and adapter_id not in desired:
+                self._record(conn, adapter_id, engine.url, "unloaded", None)
+                rep.unloaded.append((adapter_id, engine.url))
+        engine.adapter_paths = {a: str(self.serving_dir / a) for a in staged}
+        engine.models = frozenset(staged)
+        ROUTER_ACTIVE_ADAPTERS.labels(engine.url).set(len(staged))
 
     def _record(
         self,

@@ -1,0 +1,267 @@
+"""Will vLLM load this adapter? The contract, checked on the files alone (no torch).
+
+Written from vLLM's own loading code (vllm-project/vllm; docs/engines.md cites each rule):
+
+- vllm/lora/peft_helper.py (e745baf; the newest form read at a later commit): PEFTHelper
+  needs `r`, `lora_alpha` and `target_modules` in adapter_config.json; ignores other fields;
+  refuses `modules_to_save` ("vLLM only supports modules_to_save being None"), `use_dora`
+  ("vLLM does not yet support DoRA"), `bias` other than "none", `r` above --max-lora-rank
+  (also every value of `rank_pattern`), `r` <= 0, and `trainable_token_indices` beyond
+  --max-lora-trainable-tokens. `use_rslora` only changes the scale (alpha / sqrt(r)).
+- vllm/config/lora.py (a78dc92): --max-lora-rank is one of 1, 8, 16, 32, 64, 128, 256, 320,
+  512 (default 16).
+- vllm/lora/lora_model.py (532cc25): weights come from adapter_model.safetensors (before .bin
+  and .pt); every tensor name must parse, and its module's last name part must be one the
+  model supports, else "While loading ..., expected target modules in ... but received ...";
+  an embedding LoRA must match the base vocabulary exactly (no extra vocabulary).
+- vllm/lora/utils.py (0fd1570) parse_fine_tuned_lora_name: a name is
+  `base_model.model.<module>.lora_A.weight` / `.lora_B.weight` (or `.lora_embedding_A` /
+  `_B`); `...embed_tokens.base_layer.weight` and `...lm_head.base_layer.weight` are skipped;
+  anything else is "<name> is unsupported LoRA weight".
+
+cft's contract is a little stricter than the loader, so that every engine kind can serve the
+artefact: linear-layer LoRA only (no embedding or lm_head adapters, no new tokens), both
+halves of every module present with consistent shapes, floating-point weights.
+"""
+
+from __future__ import annotations
+
+import json
+import struct
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+CONFIG_FILE = "adapter_config.json"
+WEIGHTS_FILE = "adapter_model.safetensors"
+# vllm/config/lora.py MaxLoRARanks and the default of --max-lora-rank.
+MAX_LORA_RANKS = (1, 8, 16, 32, 64, 128, 256, 320, 512)
+DEFAULT_MAX_LORA_RANK = 16
+# The linear layers vLLM can wrap with LoRA in a Llama-family model (what cft trains).
+LLAMA_LORA_MODULES = frozenset(
+    {"q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"}
+)
+EMBEDDING_MODULES = frozenset({"embed_tokens", "lm_head"})
+FLOAT_DTYPES = frozenset({"F16", "BF16", "F32"})
+_PREFIX = "base_model.model."
+_BASE_EMBEDDINGS = (".embed_tokens.base_layer.weight", ".lm_head.base_layer.weight")
+# The largest safetensors header read (the format's own bound is 100 MB; adapters have KBs).
+MAX_HEADER_BYTES = 100_000_000
+
+
+class NotLoadable(ValueError):
+    """The adapter breaks the engines' contract; `problems` says each way it does."""
+
+    def __init__(self, path: Path, problems: list[str]):
+        self.path = path
+        self.problems = problems
+        super().__init__(f"vLLM would not load the adapter in {path}: " + "; ".join(problems))
+
+
+@dataclass
+class Report:
+    """What the check found: the problems (empty when loadable) and what it read."""
+
+    problems: list[str] = field(default_factory=list)
+    rank: int | None = None
+    modules: set[str] = field(default_factory=set)
+
+    @property
+    def ok(self) -> bool:
+        """True when an engine would load the adapter."""
+        return not self.problems
+
+
+def read_safetensors_header(path: Path) -> dict[str, Any]:
+    """The JSON header of a safetensors file: tensor name -> {dtype, shape, data_offsets}."""
+    with path.open("rb") as f:
+        head = f.read(8)
+        if len(head) != 8:
+            raise ValueError(f"{path.name} is too short to be a safetensors file")
+        (size,) = struct.unpack("<Q", head)
+        if size <= 0 or size > MAX_HEADER_BYTES:
+            raise ValueError(f"{path.name} has an invalid safetensors header size ({size})")
+        raw = f.read(size)
+    if len(raw) != size:
+        raise ValueError(f"{path.name} ends inside its safetensors header")
+    header = json.loads(raw)
+    if not isinstance(header, dict):
+        raise ValueError(f"{path.name}'s safetensors header is not a JSON object")
+    header.pop("__metadata__", None)
+    return header
+
+
+def parse_lora_name(name: str) -> tuple[str, str]:
+    """(module path, 'A' or 'B') of a PEFT LoRA tensor name, as vLLM parses it.
+
+    Raises ValueError for a name vLLM calls "unsupported LoRA weight".
+    """
+    start = 2 if name.startswith(_PREFIX) else 0
+    parts = name.split(".")
+    if len(parts) >= 3 and parts[-1] == "weight" and parts[-2] in ("lora_A", "lora_B"):
+        return ".".join(parts[start:-2]), parts[-2][-1]
+    if len(parts) >= 2 and parts[-1] in ("lora_embedding_A", "lora_embedding_B"):
+        return ".".join(parts[start:-1]), parts[-1][-1]
+    raise ValueError(f"{name} is unsupported LoRA weight")
+
+
+def _config_problems(cfg: dict[str, Any], max_lora_rank: int, report: Report) -> list[str]:
+    out: list[str] = []
+    missing = [k for k in ("r", "lora_alpha", "target_modules") if k not in cfg]
+    if missing:
+        out.append(f"{CONFIG_FILE} lacks required field(s) {', '.join(missing)}")
+    peft_type = cfg.get("peft_type", "LORA")
+    if str(peft_type).upper() != "LORA":
+        out.append(f"peft_type is {peft_type!r}: only LoRA adapters are served")
+    r = cfg.get("r")
+    if "r" in cfg:
+        if not isinstance(r, int) or isinstance(r, bool) or r <= 0:
+            out.append(f"LoRA rank `r` must be a positive integer, got {r!r}")
+        else:
+            report.rank = r
+            ranks = [
+                r,
+                *(v for v in (cfg.get("rank_pattern") or {}).values() if isinstance(v, int)),
+            ]
+            if max(ranks) > max_lora_rank:
+                out.append(
+                    f"LoRA rank {max(ranks)} is greater than max_lora_rank {max_lora_rank}"
+                    " (raise the engine's --max-lora-rank or train a smaller rank)"
+                )
+    alpha = cfg.get("lora_alpha")
+    if "lora_alpha" in cfg and (not isinstance(alpha, int | float) or isinstance(alpha, bool)):
+        out.append(f"lora_alpha must be a number, got {alpha!r}")
+    if cfg.get("use_dora"):
+        out.append("vLLM does not yet support DoRA (use_dora is true)")
+    if cfg.get("modules_to_save"):
+        out.append(
+            f"vLLM only supports modules_to_save being None (got {cfg['modules_to_save']!r})"
+        )
+    if cfg.get("bias", "none") != "none":
+        out.append(f"Adapter bias is not supported (bias is {cfg['bias']!r})")
+    for flag in ("use_qalora", "use_bdlora", "lora_bias"):
+        if cfg.get(flag):
+            out.append(f"{flag} is set: a LoRA variant vLLM does not implement")
+    if cfg.get("target_parameters"):
+        out.append("target_parameters (LoRA on raw parameters) is not part of the contract")
+    for pattern in ("rank_pattern", "alpha_pattern"):
+        if cfg.get(pattern):
+            out.append(
+                f"{pattern} is set: per-module ranks or scales are ignored by some vLLM releases"
+                " (one r and lora_alpha for every module)"
+            )
+    if cfg.get("trainable_token_indices") is not None:
+        out.append("trainable_token_indices (new token embeddings) are not part of the contract")
+    target = cfg.get("target_modules")
+    if "target_modules" in cfg and not isinstance(target, str | list):
+        out.append(f"target_modules must be a list of names or a regex, got {target!r}")
+    return out
+
+
+def _tensor_problems(
+    header: dict[str, Any], supported: frozenset[str], report: Report
+) -> list[str]:
+    out: list[str] = []
+    halves: dict[str, dict[str, list[int]]] = {}
+    unexpected: set[str] = set()
+    for name, meta in header.items():
+        if name.endswith(_BASE_EMBEDDINGS):
+            out.append(f"{name}: a base embedding in the adapter (new tokens) is not served")
+            continue
+        try:
+            module, half = parse_lora_name(name)
+        except ValueError as exc:
+            out.append(str(exc))
+            continue
+        if not name.startswith(_PREFIX):
+            out.append(f"{name}: tensor names start with {_PREFIX!r} in a PEFT adapter")
+            continue
+        leaf = module.rsplit(".", 1)[-1]
+        if leaf in EMBEDDING_MODULES or "lora_embedding" in name:
+            out.append(f"{name}: embedding / lm_head adapters are not served")
+            continue
+        if leaf not in supported:
+            unexpected.add(module)
+            continue
+        dtype = meta.get("dtype") if isinstance(meta, dict) else None
+        if dtype not in FLOAT_DTYPES:
+            out.append(
+                f"{name}: dtype {dtype!r} (expected one of {', '.join(sorted(FLOAT_DTYPES))})"
+            )
+        shape = meta.get("shape") if isinstance(meta, dict) else None
+        if not isinstance(shape, list) or len(shape) != 2:
+            out.append(f"{name}: shape {shape!r} (a LoRA weight is a matrix)")
+            continue
+        halves.setdefault(module, {})[half] = shape
+        report.modules.add(leaf)
+    if unexpected:
+        out.append(
+            f"expected target modules in {sorted(supported)} but received {sorted(unexpected)}"
+        )
+    if not halves and not out:
+        out.append(f"{WEIGHTS_FILE} holds no LoRA weights")
+    for module, pair in sorted(halves.items()):
+        if set(pair) != {"A", "B"}:
+            out.append(f"{module}: lora_{'B' if 'A' in pair else 'A'}.weight is missing")
+            continue
+        a, b = pair["A"], pair["B"]
+        if a[0] != b[1]:
+            out.append(f"{module}: lora_A is {a} and lora_B is {b}: their ranks differ")
+    return out
+
+
+def check(
+    adapter_dir: Path,
+    *,
+    max_lora_rank: int = DEFAULT_MAX_LORA_RANK,
+    supported_modules: Iterable[str] = LLAMA_LORA_MODULES,
+) -> Report:
+    """Check an adapter directory against the engines' contract (see the module doc)."""
+    report = Report()
+    if max_lora_rank not in MAX_LORA_RANKS:
+        report.problems.append(
+            f"max_lora_rank {max_lora_rank} is not a vLLM --max-lora-rank value"
+            f" ({', '.join(map(str, MAX_LORA_RANKS))})"
+        )
+    cfg_path = adapter_dir / CONFIG_FILE
+    try:
+        cfg = json.loads(cfg_path.read_text())
+        if not isinstance(cfg, dict):
+            raise ValueError("not a JSON object")
+    except FileNotFoundError:
+        report.problems.append(f"{CONFIG_FILE} is missing")
+        cfg = None
+    except (OSError, ValueError) as exc:
+        report.problems.append(f"{CONFIG_FILE} is not valid JSON: {exc}")
+        cfg = None
+    if cfg is not None:
+        report.problems += _config_problems(cfg, max_lora_rank, report)
+    weights = adapter_dir / WEIGHTS_FILE
+    if not weights.is_file():
+        report.problems.append(f"{WEIGHTS_FILE} is missing")
+        return report
+    try:
+        header = read_safetensors_header(weights)
+    except (OSError, ValueError) as exc:
+        report.problems.append(f"{WEIGHTS_FILE}: {exc}")
+        return report
+    report.problems += _tensor_problems(header, frozenset(supported_modules), report)
+    if report.rank is not None and cfg is not None and not cfg.get("rank_pattern"):
+        for name, meta in header.items():
+            shape = meta.get("shape") if isinstance(meta, dict) else None
+            if not name.endswith(".lora_A.weight") or not isinstance(shape, list) or not shape:
+                continue
+            if shape[0] != report.rank:
+                report.problems.append(
+                    f"{name}: rank {shape[0]} differs from r={report.rank} in {CONFIG_FILE}"
+                )
+    return report
+
+
+def check_or_raise(adapter_dir: Path, **kwargs: Any) -> Report:
+    """check(), raising NotLoadable with every problem when there is one."""
+    report = check(adapter_dir, **kwargs)
+    if not report.ok:
+        raise NotLoadable(adapter_dir, report.problems)
+    return report

@@ -1,0 +1,430 @@
+"""Protocol-faithful stand-ins for vLLM, SGLang and LoRAX, and synthetic adapter directories.
+
+Each fake answers its project's documented HTTP API as that project's source does (paths,
+request fields, status codes, error bodies; docs/engines.md cites the files read) without a
+model: a completion's text names the model that served it. They were written from the
+source, not recorded from running engines (none runs on these machines).
+"""
+
+from __future__ import annotations
+
+import json
+import struct
+import time
+from collections.abc import Iterable
+from pathlib import Path
+from typing import Any
+
+from fastapi import FastAPI, Request
+from fastapi.responses import JSONResponse, PlainTextResponse, Response
+
+LLAMA_HIDDEN = 576  # SmolLM2-135M's hidden size (any positive size would do)
+
+
+def write_adapter(
+    target: Path,
+    *,
+    rank: int = 8,
+    modules: Iterable[str] = ("q_proj", "v_proj"),
+    layers: int = 2,
+    names: list[str] | None = None,
+    **config: Any,
+) -> Path:
+    """A PEFT-layout LoRA directory (adapter_config.json + adapter_model.safetensors, zeros).
+
+    `names` replaces the tensor names; `config` overrides adapter_config.json fields.
+    """
+    target.mkdir(parents=True, exist_ok=True)
+    modules = list(modules)
+    cfg: dict[str, Any] = {
+        "peft_type": "LORA",
+        "r": rank,
+        "lora_alpha": 16,
+        "target_modules": modules,
+        "bias": "none",
+        "modules_to_save": None,
+        "use_dora": False,
+        "use_rslora": False,
+        "base_model_name_or_path": "HuggingFaceTB/SmolLM2-135M-Instruct",
+    } | config
+    (target / "adapter_config.json").write_text(json.dumps(cfg))
+    if names is None:
+        names = [
+            f"base_model.model.model.layers.{i}.self_attn.{m}.lora_{half}.weight"
+            for i in range(layers)
+            for m in modules
+            for half in "AB"
+        ]
+    header: dict[str, Any] = {"__metadata__": {"format": "pt"}}
+    offset = 0
+    for name in names:
+        shape = [rank, LLAMA_HIDDEN] if ".lora_A" in name else [LLAMA_HIDDEN, rank]
+        size = shape[0] * shape[1] * 2
+        header[name] = {"dtype": "BF16", "shape": shape, "data_offsets": [offset, offset + size]}
+        offset += size
+    raw = json.dumps(header).encode()
+    raw += b" " * (-len(raw) % 8)
+    (target / "adapter_model.safetensors").write_bytes(
+        struct.pack("<Q", len(raw)) + raw + bytes(offset)
+    )
+    return target
+
+
+def _completion(model: str, kind: str, text: str) -> dict[str, Any]:
+    choice: dict[str, Any] = {"index": 0, "finish_reason": "stop"}
+    if kind == "chat":
+        choice["message"] = {"role": "assistant", "content": text}
+    else:
+        choice["text"] = text
+    return {
+        "id": f"cmpl-{time.monotonic_ns()}",
+        "object": "chat.completion" if kind == "chat" else "text_completion",
+        "created": int(time.time()),
+        "model": model,
+        "choices": [choice],
+        "usage": {"prompt_tokens": 3, "completion_tokens": 2, "total_tokens": 5},
+    }
+
+
+class FakeEngine:
+    """What every fake records: the requests it got (path, body) and the models that served."""
+
+    def __init__(self, base_model: str) -> None:
+        self.base_model = base_model
+        self.requests: list[tuple[str, dict[str, Any]]] = []
+        self.served: list[str] = []
+        self.app = FastAPI()
+
+        @self.app.middleware("http")
+        async def record(request: Request, call_next: Any) -> Response:
+            body: dict[str, Any] = {}
+            if request.method == "POST":
+                try:
+                    body = json.loads(await request.body() or b"{}")
+                except ValueError:
+                    body = {}
+            self.requests.append((request.url.path, body))
+            response: Response = await call_next(request)
+            return response
+
+        @self.app.get("/health")
+        async def health() -> Response:
+            return Response(status_code=200)
+
+    def paths(self) -> list[str]:
+        """The paths requested so far."""
+        return [p for p, _ in self.requests]
+
+
+# -- vLLM ------------------------------------------------------------------------------------
+
+
+def _vllm_error(message: str, err_type: str, status: int) -> JSONResponse:
+    # vllm/entrypoints/openai/engine/protocol.py ErrorResponse{error: ErrorInfo}.
+    body = {"error": {"message": message, "type": err_type, "param": None, "code": status}}
+    return JSONResponse(body, status_code=status)
+
+
+def _lora_modules(path: Path) -> list[str]:
+    raw = (path / "adapter_model.safetensors").read_bytes()
+    (size,) = struct.unpack("<Q", raw[:8])
+    header = json.loads(raw[8 : 8 + size])
+    header.pop("__metadata__", None)
+    out = []
+    for name in header:
+        if name.endswith(".embed_tokens.base_layer.weight") or name.endswith(
+            ".lm_head.base_layer.weight"
+        ):
+            continue
+        parts = name.split(".")
+        if parts[-1] == "weight" and parts[-2] in ("lora_A", "lora_B"):
+            out.append(parts[-3])
+        elif parts[-1] in ("lora_embedding_A", "lora_embedding_B"):
+            out.append(parts[-2])
+        else:
+            raise ValueError(f"{name} is unsupported LoRA weight")
+    return out
+
+
+class FakeVLLM(FakeEngine):
+    """vLLM's OpenAI server with --enable-lora (vllm/entrypoints/serve/lora/api_router.py,
+    vllm/entrypoints/openai/models/serving.py, vllm/lora/peft_helper.py, lora_model.py)."""
+
+    SUPPORTED = frozenset(
+        {"q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"}
+    )
+
+    def __init__(
+        self,
+        base_model: str,
+        *,
+        max_lora_rank: int = 16,
+        runtime_lora_updating: bool = True,
+        can_read: bool = True,
+    ) -> None:
+        super().__init__(base_model)
+        self.max_lora_rank = max_lora_rank
+        self.can_read = can_read
+        self.loras: dict[str, str] = {}
+        app = self.app
+
+        @app.get("/v1/models")
+        async def models() -> dict[str, Any]:
+            cards = [{"id": base_model, "object": "model", "root": base_model, "parent": None}]
+            cards += [
+                {"id": n, "object": "model", "root": p, "parent": base_model}
+                for n, p in self.loras.items()
+            ]
+            return {"object": "list", "data": cards}
+
+        if runtime_lora_updating:  # VLLM_ALLOW_RUNTIME_LORA_UPDATING=True attaches the routes
+
+            @app.post("/v1/load_lora_adapter")
+            async def load(request: Request) -> Response:
+                body = await request.json()
+                name, path = body.get("lora_name"), body.get("lora_path")
+                if not name or not path:
+                    return _vllm_error(
+                        "Both 'lora_name' and 'lora_path' must be provided.",
+                        "InvalidUserInput",
+                        400,
+                    )
+                if name in self.loras:
+                    return _vllm_error(
+                        f"The lora adapter '{name}' has already been loaded. If you want to"
+                        " load the adapter in place, set 'load_inplace' to True.",
+                        "InvalidUserInput",
+                        400,
+                    )
+                problem = self._load_problem(Path(path))
+                if problem == "missing":
+                    return _vllm_error(
+                        f"Loading lora {name} failed: No adapter found for {path}",
+                        "NotFoundError",
+                        404,
+                    )
+                if problem:
+                    return _vllm_error(problem, "BadRequestError", 400)
+                self.loras[name] = path
+                return PlainTextResponse(f"Success: LoRA adapter '{name}' added successfully.")
+
+            @app.post("/v1/unload_lora_adapter")
+            async def unload(request: Request) -> Response:
+                name = (await request.json()).get("lora_name")
+                if not name:
+                    return _vllm_error(
+                        "'lora_name' needs to be provided to unload a LoRA adapter.",
+                        "InvalidUserInput",
+                        400,
+                    )
+                if name not in self.loras:
+                    return _vllm_error(
+                        f"The lora adapter '{name}' cannot be found.", "NotFoundError", 404
+                    )
+                del self.loras[name]
+                return PlainTextResponse(f"Success: LoRA adapter '{name}' removed successfully.")
+
+        @app.post("/v1/completions")
+        async def completions(request: Request) -> Response:
+            return self._generate(await request.json(), "text")
+
+        @app.post("/v1/chat/completions")
+        async def chat(request: Request) -> Response:
+            return self._generate(await request.json(), "chat")
+
+    def _load_problem(self, path: Path) -> str | None:
+        if not self.can_read or not (path / "adapter_config.json").is_file():
+            return "missing"
+        cfg = json.loads((path / "adapter_config.json").read_text())
+        missing = {"r", "lora_alpha", "target_modules"} - set(cfg)
+        if missing:
+            return f"Missing required configuration fields: {missing}"
+        errors = []
+        if cfg.get("modules_to_save"):
+            errors.append("vLLM only supports modules_to_save being None.")
+        if cfg.get("use_dora"):
+            errors.append("vLLM does not yet support DoRA.")
+        if cfg["r"] > self.max_lora_rank:
+            errors.append(
+                f"LoRA rank {cfg['r']} is greater than max_lora_rank {self.max_lora_rank}."
+            )
+        if cfg.get("bias", "none") != "none":
+            errors.append("Adapter bias is not supported.")
+        if errors:
+            return " ".join(errors)
+        try:
+            unexpected = [m for m in _lora_modules(path) if m not in self.SUPPORTED]
+        except ValueError as exc:
+            return str(exc)
+        if unexpected:
+            return (
+                f"While loading {path}, expected target modules in {sorted(self.SUPPORTED)}"
+                f" but received {unexpected}. Please verify that the loaded LoRA module is"
+                " correct"
+            )
+        return None
+
+    def _generate(self, body: dict[str, Any], kind: str) -> Response:
+        model = body.get("model")
+        if model != self.base_model and model not in self.loras:
+            return _vllm_error(f"The model `{model}` does not exist.", "NotFoundError", 404)
+        self.served.append(str(model))
+        return JSONResponse(_completion(str(model), kind, f"served by {model}"))
+
+
+# -- SGLang ----------------------------------------------------------------------------------
+
+
+class FakeSGLang(FakeEngine):
+    """SGLang's server with --enable-lora (python/sglang/srt/entrypoints/http_server.py,
+    managers/tokenizer_control_mixin.py, lora/lora_registry.py, entrypoints/openai/serving_base
+    `base:adapter` model names)."""
+
+    def __init__(
+        self, base_model: str, *, enable_lora: bool = True, max_loaded_loras: int | None = None
+    ) -> None:
+        super().__init__(base_model)
+        self.enable_lora = enable_lora
+        self.max_loaded_loras = max_loaded_loras
+        self.loras: dict[str, str] = {}  # insertion order = least recently used first
+        app = self.app
+
+        @app.get("/v1/models")
+        async def models() -> dict[str, Any]:
+            cards: list[dict[str, Any]] = [
+                {"id": base_model, "object": "model", "root": base_model, "max_model_len": 8192}
+            ]
+            if self.enable_lora:
+                cards += [
+                    {"id": n, "object": "model", "root": p, "parent": base_model}
+                    for n, p in self.loras.items()
+                ]
+            return {"object": "list", "data": cards}
+
+        @app.post("/load_lora_adapter")
+        async def load(request: Request) -> Response:
+            body = await request.json()
+            name, path = body.get("lora_name"), body.get("lora_path")
+            if not self.enable_lora:
+                return self._update(
+                    False, "LoRA is not enabled. Please set `--enable-lora` to enable LoRA."
+                )
+            if name in self.loras:
+                return self._update(
+                    False, f"LoRA with name {name} already exists. Loaded LoRAs: {self._keys()}"
+                )
+            if not (Path(path) / "adapter_config.json").is_file():
+                return self._update(False, f"Failed to load LoRA adapter {name} from {path}.")
+            self.loras[name] = path
+            if self.max_loaded_loras is not None:
+                while len(self.loras) > self.max_loaded_loras:
+                    self.loras.pop(next(iter(self.loras)))  # LRU eviction
+            return self._update(True, "")
+
+        @app.post("/unload_lora_adapter")
+        async def unload(request: Request) -> Response:
+            name = (await request.json()).get("lora_name")
+            if not self.enable_lora:
+                return self._update(
+                    False, "LoRA is not enabled. Please set `--enable-lora` to enable LoRA."
+                )
+            if name not in self.loras:
+                return self._update(
+                    False, f"LoRA with name {name} does not exist. Loaded LoRAs: {self._keys()}"
+                )
+            del self.loras[name]
+            return self._update(True, "")
+
+        @app.post("/v1/completions")
+        async def completions(request: Request) -> Response:
+            return self._generate(await request.json(), "text")
+
+        @app.post("/v1/chat/completions")
+        async def chat(request: Request) -> Response:
+            return self._generate(await request.json(), "chat")
+
+    def _keys(self) -> str:
+        return f"dict_keys({list(self.loras)!r})"
+
+    def _update(self, success: bool, message: str) -> Response:
+        body = {
+            "success": success,
+            "error_message": message,
+            "loaded_adapters": dict(self.loras) if success else None,
+        }
+        return JSONResponse(body, status_code=200 if success else 400)
+
+    def _generate(self, body: dict[str, Any], kind: str) -> Response:
+        model = str(body.get("model", ""))
+        base, _, adapter = (p.strip() for p in model.partition(":"))
+        if adapter:
+            if adapter not in self.loras:
+                # registry.acquire's ValueError, answered by create_error_response (400).
+                message = (
+                    f"The following requested LoRA adapters are not loaded: {adapter}\n"
+                    f"Loaded adapters: {self._keys()}."
+                )
+                error = {
+                    "object": "error",
+                    "message": message,
+                    "type": "BadRequestError",
+                    "param": None,
+                    "code": 400,
+                }
+                return JSONResponse(error, status_code=400)
+            self.loras[adapter] = self.loras.pop(adapter)  # most recently used
+        self.served.append(model)
+        return JSONResponse(_completion(model, kind, f"served by {adapter or base}"))
+
+
+# -- LoRAX -----------------------------------------------------------------------------------
+
+
+class FakeLoRAX(FakeEngine):
+    """LoRAX's router (predibase/lorax router/src/server.rs, lib.rs, loader.rs): OpenAI calls
+    name the adapter per request (`model`, `adapter_source`), loaded on first use; no load
+    routes, no /v1/models."""
+
+    def __init__(self, model_id: str) -> None:
+        super().__init__(model_id)
+        self.loaded: dict[str, int] = {}  # adapter id -> requests it served
+        app = self.app
+
+        @app.get("/info")
+        async def info() -> dict[str, Any]:
+            return {"model_id": model_id, "model_dtype": "torch.bfloat16", "version": "0.12.0"}
+
+        @app.post("/v1/completions")
+        async def completions(request: Request) -> Response:
+            return self._generate(await request.json(), "text")
+
+        @app.post("/v1/chat/completions")
+        async def chat(request: Request) -> Response:
+            return self._generate(await request.json(), "chat")
+
+    def _generate(self, body: dict[str, Any], kind: str) -> Response:
+        model = str(body.get("model", ""))
+        adapter = "" if model in ("", self.base_model) else model
+        if adapter:
+            source = body.get("adapter_source") or "hub"  # the launcher's default source
+            problem = None
+            if source == "local":
+                files = ("adapter_config.json", "adapter_model.safetensors")
+                if not all((Path(adapter) / f).is_file() for f in files):
+                    problem = f"adapter {adapter} not found in local path"
+            elif source in ("hub", "s3", "pbase"):
+                problem = f"cannot download adapter {adapter} from {source}"
+            else:
+                problem = f"unknown adapter source {source}"
+            if problem:
+                # loader.rs: a download/load error fails the entry with GenerationError (424).
+                return JSONResponse(
+                    {
+                        "error": f"Request failed during generation: {problem}",
+                        "error_type": "generation",
+                    },
+                    status_code=424,
+                )
+            self.loaded[adapter] = self.loaded.get(adapter, 0) + 1
+        self.served.append(model)
+        return JSONResponse(_completion(model, kind, f"served by {adapter or self.base_model}"))

@@ -1,0 +1,62 @@
+"""Engine kinds in CFT_ENGINE_URLS, and how the router names adapters on each kind."""
+
+from __future__ import annotations
+
+import pytest
+from pydantic import ValidationError
+
+from app.core.config import Settings
+from app.gateway.engine_kinds import (
+    EngineSpec,
+    adapter_refused,
+    parse_engine_url,
+    parse_engine_urls,
+    upstream_fields,
+)
+from app.gateway.engines import EngineState
+
+
+def test_kinds_are_set_per_url() -> None:
+    assert parse_engine_urls("sglang+http://h:30000/, http://vllm:8000,lorax+https://l") == [
+        EngineSpec("sglang", "http://h:30000"),
+        EngineSpec("vllm", "http://vllm:8000"),
+        EngineSpec("lorax", "https://l"),
+    ]
+    assert parse_engine_url("LOCAL+http://127.0.0.1:8001").kind == "local"
+    engine = EngineState.parse("sglang+http://h:30000")
+    assert (engine.kind, engine.url) == ("sglang", "http://h:30000")
+
+
+@pytest.mark.parametrize(
+    ("raw", "expected"),
+    [
+        ("tgi+http://h:80", "unknown engine kind 'tgi'"),
+        ("sglang+h:30000", "is not an http(s) URL"),
+        ("vllm:8000", "is not an http(s) URL"),
+    ],
+)
+def test_a_bad_entry_is_a_readable_startup_error(raw: str, expected: str) -> None:
+    with pytest.raises(ValidationError) as caught:
+        Settings(engine_urls=f"http://ok:8000,{raw}")
+    assert expected in str(caught.value) and "CFT_ENGINE_URLS" not in raw
+    assert "vllm, sglang, lorax, local" in str(caught.value) or "http" in str(caught.value)
+
+
+def test_how_each_kind_names_the_adapter() -> None:
+    def fields(kind: str, model: str) -> dict[str, str]:
+        return upstream_fields(kind, model, base_model="base", adapter_path="/srv/a/ad-1")
+
+    assert fields("vllm", "ad-1") == {"model": "ad-1"} == fields("local", "ad-1")
+    assert fields("sglang", "ad-1") == {"model": "base:ad-1"}
+    assert fields("sglang", "base") == {"model": "base"}
+    assert fields("lorax", "ad-1") == {"model": "/srv/a/ad-1", "adapter_source": "local"}
+    assert fields("lorax", "base") == {"model": ""}
+
+
+def test_which_answers_mean_the_adapter_is_not_there() -> None:
+    assert adapter_refused("vllm", 404, b"") and adapter_refused("lorax", 502, b"")
+    assert not adapter_refused("vllm", 400, b"bad temperature")
+    assert adapter_refused("sglang", 400, b"The following requested LoRA adapters are not loaded")
+    assert not adapter_refused("sglang", 400, b"max_tokens must be positive")
+    assert adapter_refused("lorax", 424, b'{"error_type": "generation"}')
+    assert not adapter_refused("lorax", 422, b"validation")
