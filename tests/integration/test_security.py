@@ -73,6 +73,7 @@ EXPECTED: dict[str, frozenset[str]] = {
     "GET /v1/datasets/snapshots/{snapshot_id}": READ,
     "GET /v1/datasets/snapshots/{snapshot_id}/export": READ,
     "POST /v1/logs": frozenset({"ingest", "client", "admin"}),
+    "POST /v1/traces": frozenset({"ingest", "client", "admin"}),
     "POST /v1/logs/{request_id}/feedback": frozenset({"ingest", "client", "admin"}),
     "GET /v1/logs/{request_id}": READ,
     "GET /v1/logs": READ,
