@@ -305,6 +305,15 @@ $$;
 REVOKE ALL ON FUNCTION auth.offboard_tenant_prepare(int, text), auth.offboard_tenant_loaded(int),
   auth.offboard_tenant(int, text, boolean), auth.offboard_artefact_deleted(bigint, text)
   FROM PUBLIC;
+
+COMMENT ON FUNCTION auth.offboard_tenant_prepare(int, text) IS
+  'Offboarding step 1: revoke the tenant''s keys, disable its loop, cancel its runs, retire its canary and prod adapters.';
+COMMENT ON FUNCTION auth.offboard_tenant_loaded(int) IS
+  'The tenant''s adapters an engine still has loaded (serve.adapter_deployment, state loaded).';
+COMMENT ON FUNCTION auth.offboard_tenant(int, text, boolean) IS
+  'Offboarding step 2: delete every row of the tenant (and the tenant); counts and pending artefacts in auth.tenant_offboarding.';
+COMMENT ON FUNCTION auth.offboard_artefact_deleted(bigint, text) IS
+  'Offboarding step 3: one artefact is deleted from the store; done when none is pending.';
 """
 DOWNGRADE_SQL = r"""
 DROP FUNCTION auth.offboard_artefact_deleted(bigint, text);

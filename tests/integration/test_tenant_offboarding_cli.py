@@ -95,7 +95,7 @@ def test_cft_tenant_delete_with_s3_store(
     }
     live = env | {"CFT_S3_ENDPOINT_URL": moto_url}
     assert (
-        _cft(monkeypatch, live, "tenant", "delete", "gone", "--yes", "--unload-timeout", "0.3") == 2
+        _cft(monkeypatch, live, "tenant", "delete", "gone", "--yes", "--unload-timeout", "0") == 2
     )
     err = capsys.readouterr().err
     assert "still loaded" in err and "http://engine.invalid" in err and "force" in err
