@@ -90,7 +90,7 @@ class Reconciler:
         self._kick = threading.Event()
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
-        self._failed_at: dict[str, float] = {}
+        self._failed_at: dict[tuple[str, str], float] = {}  # (adapter, engine)
         self.passes = 0
         self.last: PassReport | None = None
         self.ready = threading.Event()
@@ -157,7 +157,10 @@ class Reconciler:
                 if ours.get(adapter.id) != "loaded":
                     self._record(conn, adapter.id, engine.url, "loaded", None)
                 continue
-            if time.monotonic() - self._failed_at.get(adapter.id, -1e9) < RETRY_FAILED_AFTER:
+            if (
+                time.monotonic() - self._failed_at.get((adapter.id, engine.url), -1e9)
+                < RETRY_FAILED_AFTER
+            ):
                 continue
             if ours.get(adapter.id) == "loaded":
                 log.warning(
@@ -194,12 +197,12 @@ class Reconciler:
             log.warning("loading %s into %s failed: %s", adapter.id, engine.url, exc)
             return False
         if answer.outcome not in (Outcome.DONE, Outcome.ALREADY):
-            reason = "load" if answer.outcome in (Outcome.REFUSED, Outcome.FAILED) else None
-            return self._refuse(
-                conn, engine, adapter, rep, reason or answer.outcome.value, answer.message
-            )
+            # Metric reasons: load (refused or failed), no_path, no_api.
+            failed = answer.outcome in (Outcome.REFUSED, Outcome.FAILED)
+            reason = "load" if failed else answer.outcome.value
+            return self._refuse(conn, engine, adapter, rep, reason, answer.message)
         COLD_STARTS.labels(engine.url).inc()
-        self._failed_at.pop(adapter.id, None)
+        self._failed_at.pop((adapter.id, engine.url), None)
         self._record(conn, adapter.id, engine.url, "loaded", None, checked=True)
         rep.loaded.append((adapter.id, engine.url))
         log.info("loaded adapter %s into %s", adapter.id, engine.url)
@@ -215,7 +218,7 @@ class Reconciler:
         message: str,
     ) -> bool:
         RECONCILER_ERRORS.labels(reason).inc()
-        self._failed_at[adapter.id] = time.monotonic()
+        self._failed_at[adapter.id, engine.url] = time.monotonic()
         self._record(conn, adapter.id, engine.url, "failed", message, checked=reason == "sha256")
         rep.failed.append((adapter.id, engine.url, message))
         log.error("adapter %s not loaded into %s (%s): %s", adapter.id, engine.url, reason, message)
@@ -272,7 +275,10 @@ class Reconciler:
             if ours.get(adapter.id) == "loaded" and (self.serving_dir / adapter.id).is_dir():
                 staged.add(adapter.id)
                 continue
-            if time.monotonic() - self._failed_at.get(adapter.id, -1e9) < RETRY_FAILED_AFTER:
+            if (
+                time.monotonic() - self._failed_at.get((adapter.id, engine.url), -1e9)
+                < RETRY_FAILED_AFTER
+            ):
                 continue
             try:
                 self._prepare(adapter)
@@ -282,7 +288,7 @@ class Reconciler:
             except artefacts.ArtefactError as exc:
                 self._refuse(conn, engine, adapter, rep, "fetch", str(exc))
                 continue
-            self._failed_at.pop(adapter.id, None)
+            self._failed_at.pop((adapter.id, engine.url), None)
             self._record(conn, adapter.id, engine.url, "loaded", None, checked=True)
             rep.loaded.append((adapter.id, engine.url))
             staged.add(adapter.id)
