@@ -302,7 +302,20 @@ class Client:
             if isinstance(item, _Flush):
                 item.done.set()
             elif item is _STOP:
+                self._drain_after_stop()
                 return
+
+    def _drain_after_stop(self) -> None:
+        # A log() that raced close() may have queued behind the stop marker: count it.
+        while True:
+            try:
+                item = self._queue.get_nowait()
+            except queue.Empty:
+                return
+            if isinstance(item, _Log | _Feedback):
+                self._count(lost=1)
+            elif isinstance(item, _Flush):
+                item.done.set()
 
     def _send_logs(self, records: list[str]) -> None:
         body = ('{"records":[' + ",".join(records) + "]}").encode()

@@ -20,6 +20,7 @@ from __future__ import annotations
 import contextlib
 import functools
 import inspect
+import logging
 import time
 from collections.abc import AsyncIterator, Callable, Iterator
 from typing import Any, TypeVar
@@ -28,6 +29,7 @@ from cft_sdk.client import Client
 from cft_sdk.ids import new_request_id
 
 T = TypeVar("T")
+log = logging.getLogger("cft_sdk")
 
 # Passed to create() these configure the record, and are removed before the call.
 CFT_KWARGS = ("cft_request_id", "cft_route", "cft_parent_request_id", "cft_experiment")
@@ -181,6 +183,12 @@ class _Call:
         self.logged = True
         if status is None:
             status = "partial" if self.finish_reason == "length" else "ok"
+        try:
+            self._enqueue(completion, ttft_ms, status)
+        except Exception:  # a bad value must not fail a call the provider answered
+            log.exception("cft: could not log chat completion %s", self.request_id)
+
+    def _enqueue(self, completion: str | None, ttft_ms: int | None, status: str) -> None:
         usage = self.usage
         self.d.cft.log(
             request_id=self.request_id,

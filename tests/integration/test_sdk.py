@@ -291,5 +291,15 @@ def test_openai_wrapper_does_not_wait_for_cft(env: dict[str, Any]) -> None:
             client.chat.completions.create(model="m", messages=[{"role": "user", "content": "x"}])
         elapsed = time.perf_counter() - start
         cft.close(timeout=0)
+        # A record the SDK cannot build (no route anywhere) never fails the provider's answer.
+        routeless = cft_sdk.Client(f"http://127.0.0.1:{free_port()}", "cft_x", flush_at_exit=False)
+        bare = cft_sdk.openai.wrap(
+            openai.OpenAI(base_url=backend + "/v1", api_key="sk-stub", max_retries=0), routeless
+        )
+        answer = bare.chat.completions.create(
+            model="m", messages=[{"role": "user", "content": "x"}]
+        )
+        assert answer.choices[0].message.content == ANSWER
+        routeless.close(timeout=0)
     assert elapsed < 2.0, elapsed
     assert cft.stats.lost == 5 and cft.stats.sent == 0
