@@ -95,10 +95,12 @@ def _find(conn: Connection, key: str) -> dict[str, Any] | None:
 
 def lookup(conn: Connection, key: str) -> ApiKey | None:
     """The live tenant key matching key, or None (unknown, revoked or an operator key)."""
-    row = _find(conn, key)
-    if row is None or row["tenant_id"] is None:
-        return None
-    return ApiKey(id=row["id"], tenant_id=row["tenant_id"], role=row["role"], prefix=row["prefix"])
+    row = conn.execute(
+        "SELECT id, tenant_id, role, prefix FROM auth.api_key"
+        " WHERE key_hash = %s AND revoked_at IS NULL AND tenant_id IS NOT NULL",
+        (hash_key(key),),
+    ).fetchone()
+    return ApiKey(**row) if row else None
 
 
 def _bearer(request: Request) -> str:
