@@ -331,6 +331,14 @@ def _event_messages(span: Span) -> tuple[list[dict[str, Any]], str | None, str |
             if isinstance(body, dict) and body.get("id") and m["role"] == "tool":
                 m["tool_call_id"] = body["id"]
             messages.append(m)
+        elif event.name == "gen_ai.content.prompt":  # conventions before 1.28
+            messages += _plain_messages(_loads(attrs.get("gen_ai.prompt")))
+        elif event.name == "gen_ai.content.completion" and completion is None:
+            done = _loads(attrs.get("gen_ai.completion"))
+            outputs = _plain_messages(done)
+            completion = (
+                outputs[0]["content"] if outputs else (done if isinstance(done, str) else None)
+            )
         elif event.name == "gen_ai.choice" and completion is None and isinstance(body, dict):
             message = _loads(body.get("message"))
             if isinstance(message, dict):
@@ -338,6 +346,15 @@ def _event_messages(span: Span) -> tuple[list[dict[str, Any]], str | None, str |
             completion = completion if isinstance(completion, str) else None
             finish = body.get("finish_reason")
     return messages, completion, finish if isinstance(finish, str) else None
+
+
+def _plain_messages(value: Any) -> list[dict[str, Any]]:
+    """A JSON list of {role, content} messages (text content only)."""
+    out = []
+    for m in value if isinstance(value, list) else []:
+        if isinstance(m, dict) and isinstance(m.get("content"), str | None):
+            out.append({"role": m.get("role") or "user", "content": m.get("content") or ""})
+    return out
 
 
 def _indexed(attrs: Mapping[str, Any], prefix: str) -> list[dict[str, Any]]:

@@ -206,6 +206,25 @@ def test_json_export_span_events_partial_success_and_header_route(env: dict[str,
         ],
         status={"code": 2, "message": "upstream reset"},
     )
+    oldest_style = _span(
+        "4444444444444444",
+        "chat old",
+        {"gen_ai.system": "openai", "gen_ai.request.model": "old-model"},
+        events=[
+            {
+                "name": "gen_ai.content.prompt",
+                "attributes": [
+                    _kv("gen_ai.prompt", json.dumps([{"role": "user", "content": "Old?"}]))
+                ],
+            },
+            {
+                "name": "gen_ai.content.completion",
+                "attributes": [
+                    _kv("gen_ai.completion", json.dumps([{"role": "assistant", "content": "Yes"}]))
+                ],
+            },
+        ],
+    )
     no_content = _span("1111111111111111", "chat m", {"gen_ai.operation.name": "chat"})
     http_span = _span("2222222222222222", "GET /", {"http.request.method": "GET"})
     embeddings = _span("3333333333333333", "embeddings m", {"gen_ai.operation.name": "embeddings"})
@@ -214,7 +233,16 @@ def test_json_export_span_events_partial_success_and_header_route(env: dict[str,
             {
                 "resource": {"attributes": [_kv("service.name", "json-app")]},
                 "scopeSpans": [
-                    {"spans": [new_style, events_style, no_content, http_span, embeddings]}
+                    {
+                        "spans": [
+                            new_style,
+                            events_style,
+                            oldest_style,
+                            no_content,
+                            http_span,
+                            embeddings,
+                        ]
+                    }
                 ],
             }
         ]
@@ -225,7 +253,7 @@ def test_json_export_span_events_partial_success_and_header_route(env: dict[str,
     partial = r.json()["partialSuccess"]
     assert int(partial["rejectedSpans"]) == 1
     assert "OTEL_SEMCONV_STABILITY_OPT_IN" in partial["errorMessage"]
-    assert (r.headers["x-cft-spans-inserted"], r.headers["x-cft-spans-skipped"]) == ("2", "2")
+    assert (r.headers["x-cft-spans-inserted"], r.headers["x-cft-spans-skipped"]) == ("3", "2")
     got = {str(r["request_id"]): r for r in rows(env, route)}
     a = got[str(uuid.UUID(int=7))]
     assert a["messages"] == [
@@ -238,17 +266,19 @@ def test_json_export_span_events_partial_success_and_header_route(env: dict[str,
     b = got[cft_sdk.span_request_id("5b8efff798038103d269b633813fc60c", "00f067aa0ba902b7")]
     assert b["messages"] == [{"role": "user", "content": "Ping?"}] and b["completion"] == "Pong"
     assert b["status"] == "error" and b["model"] == "llama"
+    c = got[cft_sdk.span_request_id("5b8efff798038103d269b633813fc60c", "4444444444444444")]
+    assert c["messages"] == [{"role": "user", "content": "Old?"}] and c["completion"] == "Yes"
     # The same export again: nothing doubles, the answer says so.
     again = post(
         env,
         gzip.compress(json.dumps(body).encode()),
         **{"X-Cft-Route": route, "Content-Encoding": "gzip"},
     )
-    assert again.status_code == 200 and again.headers["x-cft-spans-existing"] == "2"
-    assert len(rows(env, route)) == 2
+    assert again.status_code == 200 and again.headers["x-cft-spans-existing"] == "3"
+    assert len(rows(env, route)) == 3
     # No route anywhere: the chat spans are rejected, saying where a route comes from.
     r = post(env, json.dumps(body).encode())
-    assert int(r.json()["partialSuccess"]["rejectedSpans"]) == 3
+    assert int(r.json()["partialSuccess"]["rejectedSpans"]) == 4
     assert "cft.route" in r.json()["partialSuccess"]["errorMessage"]
 
 
