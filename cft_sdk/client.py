@@ -22,8 +22,10 @@ records still unsent then are counted in `stats.lost` and logged as an error.
 from __future__ import annotations
 
 import atexit
+import functools
 import json
 import logging
+import os
 import queue
 import random
 import threading
@@ -122,16 +124,30 @@ class Client:
         self._wake = threading.Event()
         self._request_timeout = request_timeout
         self._give_up_at: float | None = None  # set by close(): stop retrying after it
-        self._http = httpx.Client(
-            base_url=base_url.rstrip("/"),
-            headers={"Authorization": f"Bearer {api_key}", "User-Agent": USER_AGENT},
-            timeout=request_timeout,
-            transport=transport,
-        )
-        self._thread = threading.Thread(target=self._run, name="cft-sdk-sender", daemon=True)
-        self._thread.start()
+        self._http_options: dict[str, Any] = {
+            "base_url": base_url.rstrip("/"),
+            "headers": {"Authorization": f"Bearer {api_key}", "User-Agent": USER_AGENT},
+            "timeout": request_timeout,
+            "transport": transport,
+        }
+        self._start()
+        os.register_at_fork(after_in_child=functools.partial(_restart_in_child, weakref.ref(self)))
         if flush_at_exit:
             atexit.register(_close_at_exit, weakref.ref(self))
+
+    def _start(self) -> None:
+        self._http = httpx.Client(**self._http_options)
+        self._thread = threading.Thread(target=self._run, name="cft-sdk-sender", daemon=True)
+        self._thread.start()
+
+    def _after_fork(self) -> None:
+        # A forked worker (gunicorn --preload, multiprocessing) has the queue but no sender
+        # thread: it starts its own, and drops the parent's items, which the parent sends.
+        self._queue = queue.Queue(maxsize=self._queue.maxsize)
+        self._stats_lock = threading.Lock()
+        self._wake = threading.Event()
+        self.stats = Stats()
+        self._start()
 
     # The caller's side: enqueue only. ------------------------------------------------------
 
@@ -416,6 +432,12 @@ def _message(response: httpx.Response) -> str:
         return str(response.json()["error"]["message"])
     except (ValueError, KeyError, TypeError):
         return response.text[:500]
+
+
+def _restart_in_child(ref: weakref.ref[Client]) -> None:
+    client = ref()
+    if client is not None and not client._closed:
+        client._after_fork()
 
 
 def _close_at_exit(ref: weakref.ref[Client]) -> None:

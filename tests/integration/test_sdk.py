@@ -211,10 +211,18 @@ def test_nothing_is_lost_on_a_clean_exit(env: dict[str, Any]) -> None:
     n = 300
     code = textwrap.dedent(
         f"""
+        import os, sys
         import cft_sdk
         c = cft_sdk.Client({env["api"]!r}, {env["key"]!r}, route={route!r}, flush_interval=30)
         for i in range({n}):
             c.log(messages=[{{"role": "user", "content": f"q{{i}}"}}], completion="a")
+        # A forked worker logs through its own sender thread, and exits normally too.
+        pid = os.fork()
+        if pid == 0:
+            for i in range(50):
+                c.log(messages=[{{"role": "user", "content": f"child {{i}}"}}])
+            sys.exit(0)
+        assert os.waitpid(pid, 0)[1] == 0
         # No flush, no close: the interpreter exits and atexit sends the queue.
         """
     )
@@ -222,7 +230,7 @@ def test_nothing_is_lost_on_a_clean_exit(env: dict[str, Any]) -> None:
         [sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=60
     )
     assert proc.returncode == 0, proc.stderr[-3000:]
-    assert len(rows(env, route)) == n
+    assert len(rows(env, route)) == n + 50
 
 
 def test_openai_wrapper_logs_sync_async_and_streaming_calls(env: dict[str, Any]) -> None:
