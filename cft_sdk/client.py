@@ -255,8 +255,17 @@ class Client:
         wait = self.close_timeout if timeout is None else timeout
         self._give_up_at = time.monotonic() + wait
         self._wake.set()  # cut a backoff sleep short: the deadline now decides
-        self._queue.put(_STOP)  # the sender drains the queue before it reaches this
-        self._thread.join(wait + self._request_timeout)
+        # The sender drains the queue before it reaches the stop marker; past the deadline it
+        # no longer tries to send, so a full queue frees up fast.
+        end = self._give_up_at + self._request_timeout
+        while True:
+            try:
+                self._queue.put(_STOP, timeout=0.1)
+                break
+            except queue.Full:
+                if time.monotonic() > end:
+                    break
+        self._thread.join(max(0.0, end - time.monotonic()))
         self._http.close()
 
     def __enter__(self) -> Client:
@@ -384,6 +393,8 @@ class Client:
         headers = {"Content-Type": "application/json"}
         attempt = 0
         while True:
+            if self._give_up_at is not None and time.monotonic() >= self._give_up_at:
+                return None
             try:
                 response = self._http.post(path, content=content, headers=headers)
                 if response.status_code not in RETRY_STATUSES:
@@ -393,8 +404,6 @@ class Client:
             except httpx.TransportError as exc:  # connect/read errors and timeouts
                 reason = f"{type(exc).__name__}: {exc}"
                 delay = self._backoff(attempt)
-            if self._give_up_at is not None and time.monotonic() >= self._give_up_at:
-                return None
             attempt += 1
             self._count(retries=1)
             if attempt == 1 or attempt % 10 == 0:

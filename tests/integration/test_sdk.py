@@ -5,6 +5,7 @@ exit, and the OpenAI wrapper with the official openai SDK against a stub backend
 from __future__ import annotations
 
 import asyncio
+import socket
 import subprocess
 import sys
 import textwrap
@@ -311,3 +312,28 @@ def test_openai_wrapper_does_not_wait_for_cft(env: dict[str, Any]) -> None:
         routeless.close(timeout=0)
     assert elapsed < 2.0, elapsed
     assert cft.stats.lost == 5 and cft.stats.sent == 0
+
+
+def test_close_keeps_its_deadline_against_a_server_that_never_answers() -> None:
+    # A socket that accepts connections (kernel backlog) but never answers: every send
+    # times out. close() must not spend a request timeout per queued batch.
+    with socket.socket() as blackhole:
+        blackhole.bind(("127.0.0.1", 0))
+        blackhole.listen(1000)
+        port = blackhole.getsockname()[1]
+        c = cft_sdk.Client(
+            f"http://127.0.0.1:{port}",
+            "cft_x",
+            route="r",
+            batch_size=10,
+            request_timeout=1.0,
+            flush_at_exit=False,
+            **FAST,
+        )
+        for i in range(1000):
+            c.log(messages=msg(i))
+        start = time.perf_counter()
+        c.close(timeout=0.5)
+        elapsed = time.perf_counter() - start
+    assert elapsed < 3.0, elapsed  # the deadline plus at most one request timeout
+    assert c.stats.lost == 1000 and c.stats.sent == 0
