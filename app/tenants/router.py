@@ -86,7 +86,10 @@ def revoke_key(name: str, key_id: str, key: OperatorAuth, conn: OperatorConn) ->
 @router.delete(
     "/v1/tenants/{name}",
     summary="Offboard a tenant: delete all its data and artefacts",
-    responses={202: {"description": "data deleted; artefacts pending: call again"}},
+    response_model=schemas.OffboardingOut,
+    responses={
+        202: {"model": schemas.OffboardingOut, "description": "artefacts pending: call again"}
+    },
 )
 def offboard_tenant(
     name: str,

@@ -214,3 +214,27 @@ def test_offboarding_over_rest_unloads_first_and_leaves_the_other_tenant(
         _error(http.delete("/v1/tenants/nobody?confirm=nobody", headers=_h(op_key)), 404)
         names = [t["name"] for t in http.get("/v1/tenants", headers=_h(op_key)).json()["data"]]
         assert names == ["kept"]
+
+
+def test_fuzz_the_operator_api_with_an_operator_key(conn: Any, db_url: str, tmp_path: Path) -> None:
+    import schemathesis
+    from schemathesis import GenerationMode
+
+    from tests.integration.test_fuzz_api import _fuzz
+
+    op_key = auth.create_operator_key(conn, name="fuzz")
+    kept = make_tenant(conn, name="fuzz-kept")
+    auth.create_key(conn, tenant_id=kept["id"], role="reader")
+    settings = Settings(home=tmp_path, artefact_dir=tmp_path / "artefacts")
+    count = [0]
+    with serve_app(create_app(settings, db_url=db_url, engine_urls=[])) as base:
+        schema = schemathesis.openapi.from_url(f"{base}/openapi.json")
+        ops = [r.ok() for r in schema.get_all_operations()]
+        ops = [op for op in ops if op.path.startswith("/v1/tenants")]
+        assert len(ops) == 8, [op.label for op in ops]
+        for op in ops:
+            _fuzz(op, base=base, key=op_key, mode=GenerationMode.POSITIVE, n=6, count=count)
+    assert count[0] >= 30
+    assert conn.execute("SELECT count(*) AS n FROM tenant WHERE name = 'fuzz-kept'").fetchone() == {
+        "n": 1
+    }
