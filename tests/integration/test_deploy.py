@@ -267,8 +267,11 @@ def test_gpu_services_reserve_nvidia_devices() -> None:
         devices = services[name]["deploy"]["resources"]["reservations"]["devices"]
         assert devices[0]["driver"] == "nvidia" and "gpu" in devices[0]["capabilities"], name
     assert services["trainer"]["build"]["args"]["VARIANT"] == "cuda"
-    assert services["api"]["build"]["args"]["VARIANT"] == "cpu"
+    # The control plane runs the slim image (no ML stack); the embedder needs the cpu one.
+    assert services["api"]["build"]["args"]["VARIANT"] == "core"
+    assert services["embedder"]["build"]["args"]["VARIANT"] == "cpu"
     assert re.search(r"(?m)^FROM base AS torch-cuda$", DOCKERFILE.read_text())
+    assert re.search(r"(?m)^FROM base AS torch-core$", DOCKERFILE.read_text())
 
 
 def test_dockerfile_is_multi_stage_non_root_and_ships_sql() -> None:

@@ -1,0 +1,1 @@
+"""Deployment files (MinIO, Grafana) and the smoke that runs compose's services natively."""

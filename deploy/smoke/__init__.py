@@ -1,0 +1,1 @@
+"""Run the production stack without Docker: the image's install, compose's services as processes."""
