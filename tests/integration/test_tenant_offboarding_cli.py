@@ -4,6 +4,7 @@ between the database and the artefact deletes (finished by running it again), un
 
 from __future__ import annotations
 
+import hashlib
 import json
 from collections.abc import Iterator
 from pathlib import Path
@@ -146,3 +147,35 @@ def test_cft_tenant_delete_with_s3_store(
 
     assert _cft(monkeypatch, live, "tenant", "delete", "nobody", "--yes") == 2
     assert "no tenant 'nobody'" in capsys.readouterr().err
+
+
+def test_cft_operator_key_and_tenant_consent(
+    conn: Any,
+    db_url: str,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    env = {"CFT_DATABASE_URL": db_url, "CFT_HOME": str(tmp_path)}
+    assert _cft(monkeypatch, env, "operator", "key", "create", "--name", "alice") == 0
+    key = capsys.readouterr().out.strip()
+    row = conn.execute(
+        "SELECT role, tenant_id, name, key_hash FROM auth.api_key WHERE prefix = %s", (key[:12],)
+    ).fetchone()
+    assert row["role"] == "operator" and row["tenant_id"] is None and row["name"] == "alice"
+    assert bytes(row["key_hash"]) == hashlib.sha256(key.encode()).digest()
+    assert _cft(monkeypatch, env, "operator", "key", "list") == 0
+    assert key[:12] in capsys.readouterr().out
+    assert _cft(monkeypatch, env, "tenant", "create", "acme") == 0
+    assert _cft(monkeypatch, env, "tenant", "consent", "acme", "on") == 0
+    assert "consent_training=True" in capsys.readouterr().out
+    assert conn.execute("SELECT consent_training FROM tenant WHERE name = 'acme'").fetchone() == {
+        "consent_training": True
+    }
+    # A tenant key cannot be made with the operator role.
+    with pytest.raises(SystemExit):
+        _cft(monkeypatch, env, "key", "create", "--tenant", "acme", "--role", "operator")
+    assert _cft(monkeypatch, env, "operator", "key", "revoke", key[:12]) == 0
+    assert conn.execute(
+        "SELECT revoked_at IS NOT NULL AS r FROM auth.api_key WHERE prefix = %s", (key[:12],)
+    ).fetchone() == {"r": True}
