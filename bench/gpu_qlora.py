@@ -9,6 +9,13 @@ share of that pass is added to their time), seconds per optimizer step, and peak
 (torch.cuda.max_memory_allocated over the whole run: model load, reference precompute and training).
 "best" is the fastest candidate whose peak is <= the runbook's.
 
+`--peers unsloth` adds Unsloth's QLoRA (issue 26, item 4): FastLanguageModel in 4-bit (NF4 + double quant, bf16
+compute) with the same LoRA (r 8, alpha 16, q/k/v/o; dropout 0.05 as the runbook and cft, and Unsloth's own
+fast path at dropout 0), the same data, lr schedule, optimizer and ~16 examples per optimizer step, trained by
+TRL's trainers as Unsloth patches them. Unsloth pins trl<=1.15, so its processes put `--unsloth-site` (a
+folder holding unsloth, unsloth_zoo, trl 1.15 and their small deps) ahead of the main site on PYTHONPATH, and
+import unsloth before transformers, as it asks.
+
 Runs on the device machine (see BENCHMARKS.md, "QLoRA on GPU (issue 5)"), from the repo root, with wheels for
 bitsandbytes, trl, datasets, dill, multiprocess and liger-kernel in bench/out/wheels, pydantic (which the
 image lacks) in bench/out/wheels2 and the tokenizer in bench/out/tok:
@@ -38,6 +45,12 @@ sys.path[:] = [p for p in sys.path if Path(p or ".").resolve() != Path(__file__)
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 warnings.filterwarnings("ignore")
 os.environ.setdefault("TRL_EXPERIMENTAL_SILENCE", "1")
+_SINGLE = sys.argv[sys.argv.index("--single") + 1] if "--single" in sys.argv[:-1] else ""
+if _SINGLE.startswith("unsloth"):
+    # Unsloth patches transformers, PEFT and TRL at import: it must come first in its process.
+    os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    os.environ.setdefault("UNSLOTH_DISABLE_STATISTICS", "1")
+    import unsloth  # noqa: F401
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
 import torch  # noqa: E402
@@ -131,6 +144,8 @@ SFT_CANDIDATES: dict[str, dict[str, Any]] = {
         activation_offloading=True,
     ),
     "default": dict(),
+    # the default with Unsloth's recommended LoRA dropout 0 (issue 26: cft against Unsloth's fast path)
+    "dropout0": dict(dropout=0.0),
 }
 DPO_CANDIDATES: dict[str, dict[str, Any]] = {
     "bs1-liger-pre": dict(
@@ -163,6 +178,28 @@ DPO_CANDIDATES: dict[str, dict[str, Any]] = {
         batch_size=2, grad_accum=8, use_liger_kernel=True, activation_offloading=True
     ),
     "default": dict(),
+}
+
+
+# Unsloth (peer): the runbook's batch shape, and cft's default shape (packed 1024-token rows, ga 8), each with
+# the runbook's LoRA dropout and with Unsloth's recommended dropout 0 (its fast LoRA kernels).
+UNSLOTH_SFT: dict[str, dict[str, Any]] = {
+    "unsloth-runbook-shape": dict(
+        batch_size=1, grad_accum=16, max_length=2048, packing=False, dropout=0.05
+    ),
+    "unsloth-pack1024": dict(
+        batch_size=1, grad_accum=8, max_length=1024, packing=True, dropout=0.05
+    ),
+    "unsloth-pack1024-dropout0": dict(
+        batch_size=1, grad_accum=8, max_length=1024, packing=True, dropout=0.0
+    ),
+    "unsloth-bs2x8-dropout0": dict(
+        batch_size=2, grad_accum=8, max_length=2048, packing=False, dropout=0.0
+    ),
+}
+UNSLOTH_DPO: dict[str, dict[str, Any]] = {
+    "unsloth-bs1x16": dict(batch_size=1, grad_accum=16, max_length=2048, dropout=0.05),
+    "unsloth-bs2x8-dropout0": dict(batch_size=2, grad_accum=8, max_length=2048, dropout=0.0),
 }
 
 
@@ -390,6 +427,78 @@ def run_cft(
     return out
 
 
+def run_unsloth(
+    method: str, params: dict[str, Any], model_path: str, rows, steps: int, warmup: int
+) -> dict[str, Any]:
+    """Unsloth's QLoRA on the same model, data, LoRA, optimizer and examples per step (a peer, no cft code)."""
+    from datasets import Dataset
+    from unsloth import FastLanguageModel, PatchDPOTrainer
+
+    wall0 = time.perf_counter()
+    model, tok = FastLanguageModel.from_pretrained(
+        model_name=model_path,
+        max_seq_length=params["max_length"],
+        dtype=torch.bfloat16,
+        load_in_4bit=True,
+    )
+    model = FastLanguageModel.get_peft_model(
+        model,
+        r=8,
+        lora_alpha=16,
+        lora_dropout=params["dropout"],
+        bias="none",
+        target_modules=["q_proj", "k_proj", "v_proj", "o_proj"],
+        use_gradient_checkpointing="unsloth",
+        random_state=0,
+    )
+    meter = Meter(warmup)
+    shape = dict(
+        per_device_train_batch_size=params["batch_size"],
+        gradient_accumulation_steps=params["grad_accum"],
+        max_length=params["max_length"],
+        optim="paged_adamw_8bit",
+        output_dir=os.path.join(tempfile.gettempdir(), f"out-{method}-unsloth"),
+        max_steps=steps,
+        **COMMON,
+    )
+    if method == "sft":
+        from trl import SFTConfig, SFTTrainer
+
+        args = SFTConfig(packing=params["packing"], **shape)
+        tr = SFTTrainer(
+            model=model,
+            args=args,
+            train_dataset=Dataset.from_list(rows),
+            processing_class=tok,
+            callbacks=[meter],
+        )
+    else:
+        PatchDPOTrainer()
+        from trl import DPOConfig, DPOTrainer
+
+        args = DPOConfig(**shape)
+        tr = DPOTrainer(
+            model=model,
+            ref_model=None,
+            args=args,
+            train_dataset=Dataset.from_list(rows),
+            processing_class=tok,
+            callbacks=[meter],
+        )
+    out = tr.train()
+    res = result(meter, steps, warmup, out.training_loss, wall0)
+    res["unsloth"] = {k: v for k, v in params.items()}
+    return res
+
+
+def _peer_env(name: str, unsloth_site: str) -> dict[str, str]:
+    """An Unsloth process puts its own site (trl 1.15 and friends) ahead of the main one."""
+    env = dict(os.environ)
+    if name.startswith("unsloth") and unsloth_site:
+        env["PYTHONPATH"] = os.pathsep.join(p for p in (unsloth_site, env.get("PYTHONPATH")) if p)
+    return env
+
+
 def main() -> int:
     ap = argparse.ArgumentParser()
     ap.add_argument("--method", choices=["sft", "dpo"], required=True)
@@ -400,10 +509,21 @@ def main() -> int:
     ap.add_argument("--warmup", type=int, default=2, help="steps dropped from the timing")
     ap.add_argument("--only", default="", help="comma-separated candidate names (default: all)")
     ap.add_argument("--single", default="", help="internal: run one configuration in this process")
+    ap.add_argument("--peers", default="", help="comma-separated peers to run as well: unsloth")
+    ap.add_argument(
+        "--unsloth-site",
+        default="",
+        help="folder with unsloth + trl<=1.15 (put ahead on PYTHONPATH)",
+    )
     a = ap.parse_args()
 
     cands = SFT_CANDIDATES if a.method == "sft" else DPO_CANDIDATES
     names = [n for n in cands if not a.only or n in a.only.split(",")]
+    peers = UNSLOTH_SFT if a.method == "sft" else UNSLOTH_DPO
+    if "unsloth" in a.peers.split(","):
+        # --only picks among the peer's configurations too when it names any of them
+        wanted = [n for n in peers if n in a.only.split(",")]
+        names += wanted or list(peers)
 
     if a.single:
         logging.basicConfig(level=logging.WARNING)
@@ -417,6 +537,8 @@ def main() -> int:
         try:
             if a.single == "runbook":
                 res = run_runbook(a.method, model_path, tok, rows, steps, a.warmup)
+            elif a.single in peers:
+                res = run_unsloth(a.method, peers[a.single], model_path, rows, steps, a.warmup)
             else:
                 res = run_cft(a.method, cands[a.single], model_path, rows, steps, a.warmup)
         except (
@@ -444,6 +566,21 @@ def main() -> int:
         f"peft {peft.__version__} trl {trl.__version__} bitsandbytes {bitsandbytes.__version__} liger {liger}",
         flush=True,
     )
+    if a.peers:
+        probe = subprocess.run(
+            [
+                sys.executable,
+                "-c",
+                "import unsloth, trl; print('unsloth', unsloth.__version__, 'trl', trl.__version__)",
+            ],
+            capture_output=True,
+            text=True,
+            env=_peer_env("unsloth", a.unsloth_site),
+        )
+        print(
+            probe.stdout.strip()[-300:] or f"unsloth import failed: {probe.stderr[-1500:]}",
+            flush=True,
+        )
     build_model(a.tok)
 
     # One fresh process per configuration: in one process the freed model's memory was not all returned
@@ -451,7 +588,9 @@ def main() -> int:
     results = []
     for name in ["runbook", *names]:
         cmd = [sys.executable, __file__, *sys.argv[1:], "--single", name]
-        proc = subprocess.run(cmd, capture_output=True, text=True)
+        proc = subprocess.run(
+            cmd, capture_output=True, text=True, env=_peer_env(name, a.unsloth_site)
+        )
         lines = [ln for ln in proc.stdout.splitlines() if ln.startswith("RESULT ")]
         if lines:
             res = json.loads(lines[-1][len("RESULT ") :])
@@ -483,6 +622,15 @@ def main() -> int:
         else:
             print(f"  {r['name']:<24} FAILED {r['error'][-800:]}")
     print("BEST", json.dumps(best), flush=True)
+    cft_default = next((r for r in ok if r["name"] == "default"), None)
+    for r in ok:
+        if cft_default and r["name"].startswith("unsloth"):
+            print(
+                f"cft default vs {r['name']}: tok/s {cft_default['tokens_per_s'] / r['tokens_per_s']:.2f}x, "
+                f"peak VRAM {cft_default['peak_gib'] / r['peak_gib']:.3f}x "
+                f"(goal: tok/s >= 1.00x at VRAM <= 1.000x)",
+                flush=True,
+            )
     Path(a.out).mkdir(parents=True, exist_ok=True)
     Path(a.out, f"gpu_qlora_{a.method}.json").write_text(
         json.dumps({"results": results, "best": best}, indent=2)
