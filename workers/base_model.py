@@ -111,9 +111,18 @@ def load_tokenizer(name: str, models_dir: Path) -> Any:
 
 
 def load_model(
-    name: str, models_dir: Path, *, quantize_4bit: bool = False, dtype: Any = None
+    name: str,
+    models_dir: Path,
+    *,
+    quantize_4bit: bool = False,
+    dtype: Any = None,
+    quant_storage: Any = None,
 ) -> Any:
-    """The base model, optionally quantised to NF4 with double quantisation (bitsandbytes)."""
+    """The base model, optionally quantised to NF4 with double quantisation (bitsandbytes).
+
+    On CUDA it lands on the current device (a distributed rank sets its own first);
+    `quant_storage` (e.g. torch.bfloat16) packs the NF4 weights so FSDP can shard them.
+    """
     import torch
     from transformers import AutoModelForCausalLM, BitsAndBytesConfig
 
@@ -127,6 +136,7 @@ def load_model(
             bnb_4bit_quant_type="nf4",
             bnb_4bit_use_double_quant=True,
             bnb_4bit_compute_dtype=torch.bfloat16 if cuda else torch.float32,
+            **({"bnb_4bit_quant_storage": quant_storage} if quant_storage is not None else {}),
         )
-        kwargs["device_map"] = {"": 0} if cuda else {"": "cpu"}
+        kwargs["device_map"] = {"": torch.cuda.current_device()} if cuda else {"": "cpu"}
     return AutoModelForCausalLM.from_pretrained(path, **kwargs)

@@ -82,6 +82,12 @@ class Hyperparameters(BaseModel):
         " training, so a step runs no reference forward. None: on for DPO with CUDA when the"
         " run covers the training set at least once.",
     )
+    distributed_strategy: Literal["ddp", "fsdp"] | None = Field(
+        None,
+        description="Runs with gpus > 1: ddp (every rank holds the NF4 base) or fsdp (the NF4"
+        " base sharded across the GPUs). None: ddp when the base's NF4 weights take at most 40 %"
+        " of one GPU's memory, else fsdp; ddp on CPU.",
+    )
     precompute_ref_batch_size: int | None = Field(
         None,
         ge=1,

@@ -3,13 +3,15 @@
 from __future__ import annotations
 
 from datetime import datetime
-from typing import Any
+from typing import Any, Literal
 from uuid import UUID
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from app.datasets import schemas as dataset_schemas
 from app.training.methods import Hyperparameters, Method
+
+DeviceKind = Literal["cuda", "cpu"]
 
 
 class FreshSnapshot(dataset_schemas.SnapshotWindow):
@@ -35,6 +37,20 @@ class TrainingRunCreate(BaseModel):
     hyperparameters: Hyperparameters = Field(default_factory=Hyperparameters)  # type: ignore[arg-type]
     priority: int = Field(0, ge=-1000, le=1000)
     max_attempts: int = Field(3, ge=1, le=20)
+    gpus: int = Field(
+        1,
+        ge=1,
+        le=64,
+        description="Devices the run trains on at once; more than 1 launches it with accelerate"
+        " (DDP or FSDP, see hyperparameters.distributed_strategy) on one worker that holds"
+        " that many.",
+    )
+    min_gpu_memory_gb: float | None = Field(
+        None, gt=0, le=4096, description="Least memory of each GPU, in GB (None: any)."
+    )
+    device_kind: DeviceKind | None = Field(
+        None, description="cuda or cpu (None: any worker that has the devices)."
+    )
 
     @model_validator(mode="after")
     def _method_settings(self) -> TrainingRunCreate:
@@ -44,7 +60,25 @@ class TrainingRunCreate(BaseModel):
                 ' (freeze a fresh one, e.g. "snapshot": {})'
             )
         self.hyperparameters.check_method(self.method)
+        check_resources(self.gpus, self.min_gpu_memory_gb, self.device_kind, self.hyperparameters)
         return self
+
+
+def check_resources(
+    gpus: int, min_gpu_memory_gb: float | None, device_kind: str | None, hp: Hyperparameters
+) -> None:
+    """Refuse resource needs that no worker could honour (ValueError says what to change)."""
+    if device_kind == "cpu" and min_gpu_memory_gb is not None:
+        raise ValueError(
+            "device_kind cpu has no GPU memory: drop min_gpu_memory_gb or ask for device_kind cuda"
+        )
+    if hp.distributed_strategy is not None and gpus < 2:
+        raise ValueError(
+            f"distributed_strategy {hp.distributed_strategy} is for runs on several devices:"
+            " set gpus to 2 or more, or leave distributed_strategy unset"
+        )
+    if hp.distributed_strategy == "fsdp" and device_kind == "cpu":
+        raise ValueError("fsdp shards a QLoRA base across GPUs; on cpu use ddp (or leave it unset)")
 
 
 class TrainingRunOut(BaseModel):
@@ -61,6 +95,13 @@ class TrainingRunOut(BaseModel):
     max_attempts: int
     cancel_requested: bool
     worker_id: str | None
+    gpus: int
+    min_gpu_memory_gb: float | None
+    device_kind: str | None
+    host: str | None = Field(None, description="The host of the worker that (last) claimed it.")
+    devices: str | None = Field(
+        None, description="Its devices there: CUDA indices (e.g. 0,1) or cpu."
+    )
     progress: dict[str, Any]
     hyperparameters: dict[str, Any] = Field(
         description="As requested, defaults filled in. Settings left unset (packing, Liger,"

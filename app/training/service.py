@@ -48,8 +48,8 @@ def enqueue(
         _check_snapshot(conn, tenant_id=tenant_id, snapshot_id=snapshot_id, method=body.method)
     row = conn.execute(
         "INSERT INTO train.training_run (tenant_id, route, method, base_model, params,"
-        " snapshot_id, priority, max_attempts, created_by)"
-        " VALUES (%s, %s, %s, %s, %s, %s, %s, %s, %s) RETURNING *",
+        " snapshot_id, priority, max_attempts, created_by, gpus, min_gpu_memory_gb, device_kind)"
+        " VALUES (%s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s) RETURNING *",
         (
             tenant_id,
             body.route,
@@ -60,6 +60,9 @@ def enqueue(
             body.priority,
             body.max_attempts,
             actor,
+            body.gpus,
+            body.min_gpu_memory_gb,
+            body.device_kind,
         ),
     ).fetchone()
     assert row is not None

@@ -93,10 +93,12 @@ def has_adapter_layers(model: Any) -> bool:
 class BaseCache:
     """NF4 bases loaded once per process and reused across runs (one run at a time)."""
 
-    def __init__(self) -> None:
+    def __init__(self, quant_storage: str | None = None) -> None:
         self._lock = threading.Lock()
         self.current: LoadedBase | None = None
         self.loads = 0
+        # "bfloat16" under FSDP: NF4 weights packed in a float dtype so FSDP can shard them.
+        self.quant_storage = quant_storage
 
     def _load(self, name: str, models_dir: Path) -> LoadedBase:
         import torch
@@ -109,7 +111,8 @@ class BaseCache:
         tokenizer = bm.load_tokenizer(name, models_dir)
         if not tokenizer.chat_template:
             raise TrainingDataError(f"base model {name} has no chat template")
-        model = bm.load_model(name, models_dir, quantize_4bit=True)
+        storage = getattr(torch, self.quant_storage) if self.quant_storage else None
+        model = bm.load_model(name, models_dir, quantize_4bit=True, quant_storage=storage)
         # Freezes once; each run's trainer turns gradient checkpointing on or off. A bf16 base
         # (CUDA) is only frozen: prepare_model_for_kbit_training would also upcast the embeddings,
         # LM head and norms to fp32 (+0.4 GiB and an fp32 LM head on a 1B model with a 49k

@@ -32,6 +32,8 @@ def write_manifest(
     requested: Hyperparameters,
     metrics: dict[str, Any],
     tokenizer: Any,
+    world_size: int = 1,
+    strategy: str = "single",
 ) -> dict[str, Any]:
     """Check the adapter files are there and write out_dir/manifest.json; returns the manifest."""
     for name in ADAPTER_FILES:
@@ -47,6 +49,9 @@ def write_manifest(
         "training_run_id": (provenance or {}).get("training_run_id"),
         "hyperparameters": requested.model_dump(),
         "metrics": metrics,
+        # How it was trained: one process ("single"), or world_size ranks under ddp / fsdp.
+        "world_size": world_size,
+        "strategy": strategy,
         "chat_template_sha256": hashlib.sha256(str(tokenizer.chat_template).encode()).hexdigest(),
         "files": {
             name: {

@@ -213,6 +213,11 @@ def _train(
         if callback.cancelled:
             raise TrainingCancelled(f"cancelled at step {trainer.state.global_step}")
         tokens = int(getattr(trainer.state, "num_input_tokens_seen", 0) or 0)
+        # Under accelerate launch (gpus > 1) every rank runs this; rank 0 writes the artefact.
+        world_size = int(trainer.accelerator.num_processes)
+        fsdp = bool(getattr(trainer, "is_fsdp_enabled", False))
+        strategy = "fsdp" if fsdp else ("ddp" if world_size > 1 else "single")
+        main = bool(trainer.is_world_process_zero())
         metrics: dict[str, Any] = {
             "train_loss": float(output.training_loss),
             "steps": int(trainer.state.global_step),
@@ -231,12 +236,28 @@ def _train(
             "grad_accum": hp.grad_accum,
             "max_length": hp.max_length,
             "base_reused": base.runs > 0,
+            "world_size": world_size,
+            "strategy": strategy,
+            # The first and last logged loss (under DDP / FSDP the mean over the ranks).
+            "loss_first": callback.history[0][1] if callback.history else None,
+            "loss_last": callback.loss,
         }
         if eval_rows:
             with torch.no_grad():
                 ev = trainer.evaluate()
             metrics.update({k: float(v) for k, v in ev.items() if isinstance(v, int | float)})
-        trainer.model.save_pretrained(str(out_dir), safe_serialization=True)
+        if fsdp:
+            # The LoRA weights are sharded: gather a full state dict (collective), rank 0 writes.
+            trainer.accelerator.state.fsdp_plugin.set_state_dict_type("FULL_STATE_DICT")
+            trainer.save_model(str(out_dir))
+            if main:
+                (out_dir / "training_args.bin").unlink(missing_ok=True)
+        elif main:
+            trainer.model.save_pretrained(str(out_dir), safe_serialization=True)
+        if world_size > 1:
+            trainer.accelerator.wait_for_everyone()
+    if not main:
+        return TrainResult(out_dir=out_dir, manifest={}, metrics=metrics)
     manifest = write_manifest(
         out_dir,
         base_name=base.name,
@@ -246,6 +267,8 @@ def _train(
         requested=requested,
         metrics=metrics,
         tokenizer=tokenizer,
+        world_size=world_size,
+        strategy=strategy,
     )
     _remove_tree(out_dir / ".checkpoints")
     log.info("trained %s adapter in %.1f s: %s", method, elapsed, metrics)

@@ -44,6 +44,8 @@ def trl_config(method: str, hp: Hyperparameters, out_dir: Path, has_eval: bool) 
         "weight_decay": hp.weight_decay,
         "max_grad_norm": hp.max_grad_norm,
         "bf16": cuda,
+        # Under accelerate launch on CPUs this makes the ranks one gloo group (MULTI_CPU).
+        "use_cpu": not cuda,
         "seed": hp.seed,
         "data_seed": hp.seed,
         "logging_steps": 1,

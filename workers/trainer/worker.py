@@ -6,6 +6,11 @@ another worker reclaims the run (bounded by max_attempts, in SQL). On success th
 (status candidate) is inserted in the same transaction that marks the run succeeded; if the
 run is no longer this worker's at that point, the transaction rolls back and no row is made.
 Workers wake on NOTIFY cft_training and poll as a fallback.
+
+A worker claims only runs its devices can serve (its `Capacity`, passed to the claim SQL). A run
+with gpus > 1 is trained through `accelerate launch` on the worker's devices (`launch`); the
+worker still does the storing and registering, so the artefact and the candidate come from one
+process as for a single-device run.
 """
 
 from __future__ import annotations
@@ -35,6 +40,8 @@ from app.core.errors import NotFound
 from app.training.methods import Hyperparameters
 from workers.trainer.base_cache import BaseCache
 from workers.trainer.data import TrainingDataError
+from workers.trainer.devices import Capacity, detect_capacity
+from workers.trainer.launch import train_distributed
 from workers.trainer.train import Progress, TrainingCancelled, train_adapter
 
 log = logging.getLogger(__name__)
@@ -60,10 +67,17 @@ class WorkerConfig:
     work_dir: Path | None = None
     # Where the NF4 base stays loaded between runs; None: the process-wide cache (base_cache.BASES).
     bases: BaseCache | None = None
+    # The devices it serves runs on; None: detected (GPU 0, else the CPU).
+    capacity: Capacity | None = None
 
     def __post_init__(self) -> None:
+        if self.capacity is None:
+            self.capacity = detect_capacity()
         if not self.worker_id:
-            self.worker_id = f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:6]}"
+            self.worker_id = (
+                f"{socket.gethostname()}:{self.capacity.devices}:{os.getpid()}:"
+                f"{uuid.uuid4().hex[:6]}"
+            )
         if self.heartbeat_s <= 0:
             self.heartbeat_s = max(self.lease_s / 3, 0.2)
 
@@ -142,11 +156,34 @@ class _Heartbeat(threading.Thread):
             log.error("heartbeat connection for run %s failed: %s", self.run_id, exc)
 
 
-def claim(conn: psycopg.Connection[Any], worker_id: str, lease_s: float) -> dict[str, Any] | None:
-    """Claim one runnable training run for worker_id, or None."""
-    row: dict[str, Any] | None = conn.execute(
-        "SELECT * FROM train.claim_training_run(%s, %s::interval)",
-        (worker_id, _interval(lease_s)),
+def claim(
+    conn: psycopg.Connection[Any],
+    worker_id: str,
+    lease_s: float,
+    capacity: Capacity | None = None,
+) -> dict[str, Any] | None:
+    """Claim one runnable training run for worker_id that its capacity can serve, or None.
+
+    Without a capacity the worker counts as one device of unknown kind and memory (it gets
+    only runs that need one device and name no kind or memory).
+    """
+    if capacity is None:
+        row: dict[str, Any] | None = conn.execute(
+            "SELECT * FROM train.claim_training_run(%s, %s::interval)",
+            (worker_id, _interval(lease_s)),
+        ).fetchone()
+        return row
+    row = conn.execute(
+        "SELECT * FROM train.claim_training_run(%s, %s::interval, %s::int, %s::real, %s, %s, %s)",
+        (
+            worker_id,
+            _interval(lease_s),
+            capacity.gpus,
+            capacity.gpu_memory_gb,
+            capacity.kind,
+            capacity.host,
+            capacity.devices,
+        ),
     ).fetchone()
     return row
 
@@ -193,15 +230,16 @@ class Worker:
     def run_once(self) -> bool:
         """Claim and process at most one run; True when one was processed."""
         with _connect(self.cfg.db_url) as conn:
-            run = claim(conn, self.cfg.worker_id, self.cfg.lease_s)
+            run = claim(conn, self.cfg.worker_id, self.cfg.lease_s, self.cfg.capacity)
         if run is None:
             return False
         log.info(
-            "worker %s claimed run %s (%s, route %s, attempt %s/%s)",
+            "worker %s claimed run %s (%s, route %s, gpus %s, attempt %s/%s)",
             self.cfg.worker_id,
             run["id"],
             run["method"],
             run["route"],
+            run["gpus"],
             run["attempts"],
             run["max_attempts"],
         )
@@ -263,22 +301,43 @@ class Worker:
             raise TrainingDataError("the snapshot belongs to another tenant")
         hp = Hyperparameters(**(run["params"] or {}))
         out = work / "adapter"
-        result = train_adapter(
-            run["method"],
-            work / "data" / "train.jsonl",
-            work / "data" / "eval.jsonl",
-            out,
-            base_model=run["base_model"],
-            models_dir=self.cfg.models_dir,
-            params=hp,
-            progress_cb=hb.update,
-            provenance={
-                "snapshot_id": str(run["snapshot_id"]),
-                "set_hash": snap["set_hash"],
-                "training_run_id": str(run_id),
-            },
-            bases=self.cfg.bases,
-        )
+        provenance = {
+            "snapshot_id": str(run["snapshot_id"]),
+            "set_hash": snap["set_hash"],
+            "training_run_id": str(run_id),
+        }
+        if int(run["gpus"]) > 1:
+            cap = self.cfg.capacity
+            assert cap is not None  # set in WorkerConfig.__post_init__
+            result = train_distributed(
+                run["method"],
+                work / "data" / "train.jsonl",
+                work / "data" / "eval.jsonl",
+                out,
+                base_model=run["base_model"],
+                models_dir=self.cfg.models_dir,
+                params=dict(run["params"] or {}),
+                world_size=int(run["gpus"]),
+                kind=cap.kind,
+                gpu_memory_gb=cap.gpu_memory_gb,
+                work=work / "launch",
+                progress_cb=hb.update,
+                should_stop=lambda: hb.cancelled or hb.lost,
+                provenance=provenance,
+            )
+        else:
+            result = train_adapter(
+                run["method"],
+                work / "data" / "train.jsonl",
+                work / "data" / "eval.jsonl",
+                out,
+                base_model=run["base_model"],
+                models_dir=self.cfg.models_dir,
+                params=hp,
+                progress_cb=hb.update,
+                provenance=provenance,
+                bases=self.cfg.bases,
+            )
         if hb.lost:
             raise LeaseLost("lease lost during training; not registering")
         if hb.cancelled:
