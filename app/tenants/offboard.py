@@ -66,15 +66,14 @@ def delete_artefact(uri: str, settings: Settings) -> None:
     store: artefacts.LocalStore | artefacts.S3Store
     if uri.startswith("file://"):
         store = artefacts.LocalStore(settings.artefact_path)
-        path = Path(uri[len("file://") :])
         try:
-            route, version = path.resolve().relative_to(store.root).parts
+            route, version = Path(uri[len("file://") :]).resolve().relative_to(store.root).parts
         except ValueError:
             raise artefacts.ArtefactError(
                 f"{uri} is not a version of the local store at {store.root} (CFT_ARTEFACT_DIR):"
                 " delete it by hand"
             ) from None
-        target = store.root / route / version
+        stored_uri = (store.root / route / version).as_uri()
     elif uri.startswith("s3://"):
         store = artefacts.S3Store.from_settings(settings)
         bucket, _, rest = uri[len("s3://") :].partition("/")
@@ -84,10 +83,9 @@ def delete_artefact(uri: str, settings: Settings) -> None:
                 f"{uri} is not a version of s3://{store.bucket}/ (CFT_S3_BUCKET): delete it by hand"
             )
         route, version = parts
-        target = None
+        stored_uri = f"s3://{bucket}/{route}/{version}/"
     else:
         raise artefacts.ArtefactError(f"unsupported artefact URI {uri!r}: delete it by hand")
-    stored_uri = target.as_uri() if target is not None else f"s3://{bucket}/{route}/{version}/"
     store.delete(artefacts.StoredVersion(route, version, stored_uri, datetime.now(UTC)))
 
 
