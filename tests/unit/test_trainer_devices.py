@@ -1,0 +1,102 @@
+"""`--devices` specs, the supervisor's restarts and exits, the strategy rule, rank failure text."""
+
+from __future__ import annotations
+
+import json
+import logging
+from pathlib import Path
+
+import pytest
+
+from app.training.methods import Hyperparameters
+from workers.trainer.devices import DeviceGroup, DeviceSpecError, parse_devices
+from workers.trainer.launch import choose_strategy, failure_summary, launch_command
+from workers.trainer.supervisor import Supervisor, describe_exit
+
+
+def test_device_specs() -> None:
+    assert parse_devices("all", 2) == [DeviceGroup("cuda", ("0",)), DeviceGroup("cuda", ("1",))]
+    assert parse_devices("0+1,2", 4) == [
+        DeviceGroup("cuda", ("0", "1")),
+        DeviceGroup("cuda", ("2",)),
+    ]
+    assert parse_devices("cpu:3", 0) == [DeviceGroup("cpu", ("cpu",))] * 3
+    assert [g.label for g in parse_devices("cpu,cpu+cpu", 0)] == ["cpu", "cpu+cpu"]
+    # Pinning maps indices through the parent's own CUDA_VISIBLE_DEVICES.
+    assert parse_devices("1", 2)[0].env("4,6") == {"CUDA_VISIBLE_DEVICES": "6"}
+    assert parse_devices("0+1", 2)[0].env(None) == {"CUDA_VISIBLE_DEVICES": "0,1"}
+    assert parse_devices("cpu", 0)[0].env("0") == {"CUDA_VISIBLE_DEVICES": ""}
+    for spec, needle in [
+        ("all", "no CUDA device is visible on this host; use --devices cpu"),
+        ("2", "GPU 2 is not visible (2 visible: 0..1)"),
+        ("0,0+1", "a GPU belongs to two workers"),
+        ("0+0", "a GPU is named twice"),
+        ("cpu:0", "cpu:N needs N between 1 and 64"),
+        ("gpu0", "a group is GPU indices joined by +"),
+        ("0,,1", "empty entry"),
+    ]:
+        with pytest.raises(DeviceSpecError, match=needle.replace("(", r"\(").replace(")", r"\)")):
+            parse_devices(spec, 0 if spec == "all" else 2)
+
+
+def test_supervisor_restarts_a_dying_worker_then_gives_up(caplog) -> None:  # type: ignore[no-untyped-def]
+    """A real child that exits 2 at once (a bad option) is restarted, then the parent exits 1."""
+    caplog.set_level(logging.INFO)
+    sup = Supervisor(
+        [DeviceGroup("cpu", ("cpu",))], ["--lease", "soon"], max_restarts=1, backoff_s=0.05
+    )
+    assert sup.run() == 1
+    text = caplog.text
+    assert "trainer for devices cpu" in text
+    assert "died: exit code 2; restarting it (1 of 1 restarts" in text
+    assert "died 2 times in 600 s (more than --max-restarts 1): stopping every trainer" in text
+    assert describe_exit(-9) == "killed by SIGKILL"
+
+
+def test_supervisor_exits_0_when_every_worker_finished() -> None:
+    sup = Supervisor([DeviceGroup("cpu", ("cpu",))] * 2, ["--help"], backoff_s=0.05)
+    assert sup.run() == 0
+
+
+def test_strategy_rule(tmp_path: Path) -> None:
+    base = tmp_path / "base"
+    base.mkdir()
+    (base / "config.json").write_text(json.dumps({"dtype": "bfloat16"}))
+    with (base / "model.safetensors").open("wb") as f:
+        f.truncate(16 * 2**30)  # 8B parameters in bf16: 4.2 GiB in NF4
+    pick = {"kind": "cuda", "base_model": str(base), "models_dir": tmp_path}
+    assert choose_strategy(Hyperparameters(), gpu_memory_gb=79.2, **pick) == "ddp"
+    assert choose_strategy(Hyperparameters(), gpu_memory_gb=8.0, **pick) == "fsdp"
+    assert (
+        choose_strategy(Hyperparameters(distributed_strategy="fsdp"), gpu_memory_gb=79.2, **pick)
+        == "fsdp"
+    )
+    cpu = pick | {"kind": "cpu"}
+    assert choose_strategy(Hyperparameters(), gpu_memory_gb=None, **cpu) == "ddp"
+    with pytest.raises(ValueError, match="fsdp needs GPUs"):
+        choose_strategy(Hyperparameters(distributed_strategy="fsdp"), gpu_memory_gb=None, **cpu)
+    cmd = launch_command(2, "fsdp", "cuda", tmp_path / "spec.json")
+    assert "--use_fsdp" in cmd and cmd[cmd.index("--num_processes") + 1] == "2"
+    assert "--multi_gpu" in launch_command(2, "ddp", "cpu", tmp_path / "spec.json")
+
+
+def test_failure_summary_names_the_first_failed_rank() -> None:
+    log = """[rank1]: Traceback (most recent call last):
+[rank1]:   File "x.py", line 3, in <module>
+[rank1]: torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 2.00 GiB
+Failures:
+[1]:
+  rank      : 0 (local_rank: 0)
+  exitcode  : -15 (pid: 11)
+  traceback : Signal 15 (SIGTERM) received by PID 11
+Root Cause (first observed failure):
+[0]:
+  rank      : 1 (local_rank: 1)
+  exitcode  : 1 (pid: 12)
+  error_file: <N/A>
+  traceback : To enable traceback see: https://pytorch.org/docs/stable/elastic/errors.html
+"""
+    assert failure_summary(log) == (
+        "rank 1 exited with code 1; last error: [rank1]: torch.OutOfMemoryError:"
+        " CUDA out of memory. Tried to allocate 2.00 GiB"
+    )
