@@ -1,14 +1,28 @@
-"""Local engine: N concurrent requests over K adapters, mixed-adapter batching vs one at a time.
+"""Local engine benchmarks, with the bundled model on the CPU.
 
-.venv/bin/python bench/engine.py --n 8 --adapters 4 --max-tokens 16
+Open loop (the default): Poisson arrivals at --rate requests/s over --adapters adapters and the
+base, max_tokens drawn from --min-tokens..--max-tokens, the same seeded schedule for the static
+and the continuous scheduler, in alternating slices (static first in odd slices, continuous
+first in even ones). Prints, per scheduler, the median over slices of TTFT p50/p99, queue time
+p50/p99 and tokens/s, with continuous/static ratios. TTFT and queue time are measured in the
+engine (arrival at submit, first sampled token, start of prefill): HTTP is not included.
+
+    .venv/bin/python bench/engine.py --rate 2 --requests 24 --slices 3
+
+Burst (`--mode burst`): N concurrent requests, mixed-adapter batching vs one at a time.
+
+    .venv/bin/python bench/engine.py --mode burst --n 8 --adapters 4 --max-tokens 16
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import random
+import statistics
 import tempfile
 import time
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -16,8 +30,24 @@ from app.core.config import get_settings
 from workers import base_model
 from workers.engine.core import Engine, GenRequest, Sampling
 
+TOPICS = [
+    "cats",
+    "the sea",
+    "bread",
+    "trains",
+    "rain",
+    "chess",
+    "tea",
+    "owls",
+    "why the sky is blue, for a child of seven",
+    "the history of the printing press in Europe",
+    "a haiku about winter",
+    "how a bicycle stays upright",
+]
+
 
 def make_adapter(models_dir: Path, target: Path, seed: int) -> None:
+    """A random LoRA adapter on q/k/v/o (it changes the text but keeps it readable)."""
     import torch
     from peft import LoraConfig, get_peft_model
 
@@ -31,10 +61,22 @@ def make_adapter(models_dir: Path, target: Path, seed: int) -> None:
             init_lora_weights=False,
         ),
     )
-    model.save_pretrained(target)
+    model.save_pretrained(str(target))
 
 
-async def generate(engine: Engine, prompt: list[int], adapter: str | None, max_tokens: int) -> int:
+@dataclass
+class Done:
+    """What one request measured."""
+
+    ttft: float
+    queue: float
+    tokens: int
+    finished: float
+
+
+async def generate(
+    engine: Engine, prompt: list[int], adapter: str | None, max_tokens: int
+) -> tuple[int, GenRequest]:
     queue: asyncio.Queue[tuple[str, Any]] = asyncio.Queue()
     req = GenRequest(
         prompt_ids=prompt,
@@ -47,55 +89,184 @@ async def generate(engine: Engine, prompt: list[int], adapter: str | None, max_t
     while True:
         kind, payload = await queue.get()
         if kind == "done":
-            return int(payload["completion_tokens"])
+            return int(payload["completion_tokens"]), req
         if kind == "error":
             raise payload
 
 
-async def main() -> None:
-    ap = argparse.ArgumentParser()
-    ap.add_argument("--n", type=int, default=8, help="concurrent requests")
-    ap.add_argument("--adapters", type=int, default=4)
-    ap.add_argument("--max-tokens", type=int, default=16)
-    args = ap.parse_args()
-    models_dir = get_settings().models_path
-    engine = Engine(
-        base_model.BUNDLED, models_dir, max_loras=args.adapters, max_cpu_loras=args.adapters
-    )
-    names = [f"bench-{i}" for i in range(args.adapters)]
-    with tempfile.TemporaryDirectory() as tmp:
-        for i, name in enumerate(names):
-            make_adapter(models_dir, Path(tmp) / name, seed=i)
-            engine.load_adapter(name, str(Path(tmp) / name))
-        topics = ["cats", "the sea", "bread", "trains", "rain", "chess", "tea", "owls"]
-        jobs = [
-            (
-                engine.chat_prompt_ids(
-                    [{"role": "user", "content": f"Write two sentences about {topics[i % 8]}."}]
-                ),
-                names[i % len(names)],
+def pct(values: list[float], q: float) -> float:
+    """The q-quantile (nearest rank) of values."""
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, max(0, round(q * len(ordered) + 0.5) - 1))]
+
+
+async def open_loop_slice(
+    engine: Engine, jobs: list[tuple[float, list[int], str | None, int]]
+) -> tuple[dict[str, float], list[float]]:
+    """Send jobs at their arrival offsets without waiting for answers; measure each."""
+    t0 = time.monotonic()
+
+    async def one(at: float, prompt: list[int], adapter: str | None, max_tokens: int) -> Done:
+        await asyncio.sleep(max(0.0, t0 + at - time.monotonic()))
+        tokens, req = await generate(engine, prompt, adapter, max_tokens)
+        assert req.first_token is not None and req.admitted is not None
+        return Done(
+            ttft=req.first_token - req.arrived,
+            queue=req.admitted - req.arrived,
+            tokens=tokens,
+            finished=time.monotonic(),
+        )
+
+    done = await asyncio.gather(*(one(*job) for job in jobs))
+    ttft = [d.ttft for d in done]
+    queue = [d.queue for d in done]
+    span = max(d.finished for d in done) - t0
+    stats = {
+        "ttft_p50": pct(ttft, 0.50),
+        "ttft_p99": pct(ttft, 0.99),
+        "queue_p50": pct(queue, 0.50),
+        "queue_p99": pct(queue, 0.99),
+        "tokens_s": sum(d.tokens for d in done) / span,
+    }
+    return stats, ttft
+
+
+async def open_loop(args: argparse.Namespace, engines: dict[str, Engine], names: list[str]) -> None:
+    any_engine = next(iter(engines.values()))
+    prompts = [
+        any_engine.chat_prompt_ids([{"role": "user", "content": f"Write about {t}."}])
+        for t in TOPICS
+    ]
+    models: list[str | None] = [None, *names]
+    per: dict[str, list[dict[str, float]]] = {k: [] for k in engines}
+    pooled: dict[str, list[float]] = {k: [] for k in engines}
+    for s in range(args.slices):
+        rnd = random.Random(args.seed + s)
+        at, jobs = 0.0, []
+        for _ in range(args.requests):
+            at += rnd.expovariate(args.rate)
+            jobs.append(
+                (
+                    at,
+                    rnd.choice(prompts),
+                    rnd.choice(models),
+                    rnd.randint(args.min_tokens, args.max_tokens),
+                )
             )
-            for i in range(args.n)
-        ]
-        await generate(engine, jobs[0][0], jobs[0][1], 2)  # warm-up
-        t = time.perf_counter()
-        serial = 0
-        for prompt, adapter in jobs:
-            serial += await generate(engine, prompt, adapter, args.max_tokens)
-        serial_s = time.perf_counter() - t
-        t = time.perf_counter()
-        counts = await asyncio.gather(*(generate(engine, p, a, args.max_tokens) for p, a in jobs))
-        batched = sum(counts)
-        batched_s = time.perf_counter() - t
-    engine.close()
+        order = list(engines) if s % 2 == 0 else list(reversed(engines))
+        for kind in order:
+            result, ttft = await open_loop_slice(engines[kind], jobs)
+            per[kind].append(result)
+            pooled[kind] += ttft
+            print(
+                f"  slice {s + 1} {kind:<10} TTFT p50 {result['ttft_p50'] * 1000:7.0f} ms  "
+                f"p99 {result['ttft_p99'] * 1000:7.0f} ms  queue p50 "
+                f"{result['queue_p50'] * 1000:7.0f} ms  p99 {result['queue_p99'] * 1000:7.0f} ms  "
+                f"{result['tokens_s']:6.1f} tokens/s",
+                flush=True,
+            )
+    print(
+        f"\n{args.requests} requests per slice, Poisson {args.rate} req/s, {args.slices} slices "
+        f"per scheduler, base + {len(names)} adapters, max_tokens {args.min_tokens}-"
+        f"{args.max_tokens} (greedy, {base_model.BUNDLED}, CPU, --max-num-seqs {args.max_num_seqs})"
+    )
+    keys = [
+        ("TTFT p50 (ms)", "ttft_p50", 1000),
+        ("TTFT p99 (ms)", "ttft_p99", 1000),
+        ("queue p50 (ms)", "queue_p50", 1000),
+        ("queue p99 (ms)", "queue_p99", 1000),
+        ("tokens/s", "tokens_s", 1),
+    ]
+    print(f"| median of {args.slices} slices | static | continuous | continuous/static |")
+    print("|---|---|---|---|")
+    for label, key, scale in keys:
+        st = statistics.median(r[key] for r in per["static"]) * scale
+        co = statistics.median(r[key] for r in per["continuous"]) * scale
+        ratio = f"{co / st:.2f}x" if st else "-"
+        print(f"| {label} | {st:.1f} | {co:.1f} | {ratio} |")
+    st99, co99 = pct(pooled["static"], 0.99), pct(pooled["continuous"], 0.99)
+    print(
+        f"pooled over all slices: TTFT p99 static {st99 * 1000:.0f} ms, continuous "
+        f"{co99 * 1000:.0f} ms ({co99 / st99:.2f}x)"
+    )
+
+
+async def burst(args: argparse.Namespace, engine: Engine, names: list[str]) -> None:
+    jobs = [
+        (
+            engine.chat_prompt_ids(
+                [{"role": "user", "content": f"Write two sentences about {TOPICS[i % 8]}."}]
+            ),
+            names[i % len(names)],
+        )
+        for i in range(args.n)
+    ]
+    t = time.perf_counter()
+    serial = 0
+    for prompt, adapter in jobs:
+        serial += (await generate(engine, prompt, adapter, args.max_tokens))[0]
+    serial_s = time.perf_counter() - t
+    t = time.perf_counter()
+    done = await asyncio.gather(*(generate(engine, p, a, args.max_tokens) for p, a in jobs))
+    batched = sum(c for c, _ in done)
+    batched_s = time.perf_counter() - t
     s_tps, b_tps = serial / serial_s, batched / batched_s
     print(
         f"{args.n} requests over {args.adapters} adapters, max_tokens={args.max_tokens} "
-        f"(greedy, {base_model.BUNDLED}, CPU)"
+        f"(greedy, {base_model.BUNDLED}, CPU, {engine.scheduler.name} scheduler)"
     )
     print(f"one at a time:        {serial} tokens in {serial_s:.1f} s = {s_tps:.1f} tokens/s")
     print(f"mixed-adapter batch:  {batched} tokens in {batched_s:.1f} s = {b_tps:.1f} tokens/s")
     print(f"ratio batched/serial: {b_tps / s_tps:.2f}x")
+
+
+async def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--mode", choices=("open", "burst"), default="open")
+    ap.add_argument("--adapters", type=int, default=4)
+    ap.add_argument("--max-num-seqs", type=int, default=16)
+    ap.add_argument("--max-tokens", type=int, default=None, help="default 32 (open), 16 (burst)")
+    # open loop
+    ap.add_argument("--rate", type=float, default=2.0, help="Poisson arrivals, requests/s")
+    ap.add_argument("--requests", type=int, default=24, help="requests per slice")
+    ap.add_argument("--slices", type=int, default=3, help="slices per scheduler")
+    ap.add_argument("--min-tokens", type=int, default=8)
+    ap.add_argument("--seed", type=int, default=1)
+    # burst
+    ap.add_argument("--n", type=int, default=8, help="concurrent requests")
+    ap.add_argument("--scheduler", choices=("continuous", "static"), default="continuous")
+    args = ap.parse_args()
+    args.max_tokens = args.max_tokens or (32 if args.mode == "open" else 16)
+    models_dir = get_settings().models_path
+    kinds = ["static", "continuous"] if args.mode == "open" else [args.scheduler]
+    engines = {
+        kind: Engine(
+            base_model.BUNDLED,
+            models_dir,
+            max_loras=args.adapters,
+            max_cpu_loras=args.adapters,
+            max_batch=args.max_num_seqs,
+            scheduler=kind,
+        )
+        for kind in kinds
+    }
+    names = [f"bench-{i}" for i in range(args.adapters)]
+    try:
+        with tempfile.TemporaryDirectory() as tmp:
+            for i, name in enumerate(names):
+                make_adapter(models_dir, Path(tmp) / name, seed=i)
+                for engine in engines.values():
+                    engine.load_adapter(name, str(Path(tmp) / name))
+            for engine in engines.values():
+                prompt = engine.chat_prompt_ids([{"role": "user", "content": "Hello"}])
+                await generate(engine, prompt, names[0], 2)  # warm-up
+            if args.mode == "open":
+                await open_loop(args, engines, names)
+            else:
+                await burst(args, engines[args.scheduler], names)
+    finally:
+        for engine in engines.values():
+            engine.close()
 
 
 if __name__ == "__main__":

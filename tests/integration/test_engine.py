@@ -246,7 +246,8 @@ def test_mixed_adapter_batch_equals_each_alone(
         assert together == [alone[m] for m in models]
         new_batches = metric(url, "cft_engine_batch_size_count") - batches
         new_singles = metric(url, 'cft_engine_batch_size_bucket{le="1.0"}') - singles
-        assert new_batches < len(models) and new_batches - new_singles >= 1  # some batch > 1
+        # Some batch (static) or decode step (continuous scheduler) carried several requests.
+        assert new_batches - new_singles >= 1
         assert metric(url, "cft_engine_generation_tokens_total") > 0
         ttft = metric(url, "cft_engine_time_to_first_token_seconds_count")
         assert ttft >= len(models)

@@ -7,6 +7,7 @@ import logging
 from typing import Any
 
 from app.core.config import get_settings
+from workers.engine.scheduler import SCHEDULERS
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -19,7 +20,25 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--max-cpu-loras", type=int, default=None, help="most adapters in memory (LRU)")
     p.add_argument("--max-lora-rank", type=int, default=64)
     p.add_argument("--max-num-seqs", type=int, default=16, help="most requests in one batch")
-    p.add_argument("--batch-wait-ms", type=float, default=10.0)
+    p.add_argument(
+        "--max-waiting-queue-length",
+        type=int,
+        default=256,
+        help="most requests waiting for the batch; more are refused with 429 and Retry-After",
+    )
+    p.add_argument(
+        "--scheduler",
+        choices=SCHEDULERS,
+        default="continuous",
+        help="continuous: requests join the running batch at the next decode step; "
+        "static: a request waits for the running batch to finish",
+    )
+    p.add_argument(
+        "--batch-wait-ms",
+        type=float,
+        default=10.0,
+        help="static scheduler: how long to wait for requests to join a batch",
+    )
     p.add_argument(
         "--lora-modules",
         nargs="*",
@@ -47,7 +66,9 @@ def run(args: argparse.Namespace) -> int:
         max_cpu_loras=args.max_cpu_loras,
         max_lora_rank=args.max_lora_rank,
         max_batch=args.max_num_seqs,
+        max_waiting=args.max_waiting_queue_length,
         batch_wait_ms=args.batch_wait_ms,
+        scheduler=args.scheduler,
     )
     for spec in args.lora_modules:
         name, _, path = spec.partition("=")

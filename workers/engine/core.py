@@ -1,75 +1,31 @@
-"""The engine: one base model, several LoRA adapters (PEFT), and a batching scheduler thread.
+"""The engine: one base model, several LoRA adapters (PEFT), and a scheduler thread.
 
-Requests that arrive together are decoded together, step by step with a KV cache, in one
-left-padded batch that may mix adapters (PEFT's `adapter_names`, `"__base__"` for the base).
-Tokens go back to each request's asyncio queue as they are produced.
+The scheduler (`workers/engine/scheduler.py`, continuous or static) decodes requests together,
+step by step with a KV cache, in one left-padded batch that may mix adapters (PEFT's
+`adapter_names`, `"__base__"` for the base). Tokens go back to each request's asyncio queue as
+they are produced.
 """
 
 from __future__ import annotations
 
-import asyncio
-import collections
+import itertools
 import json
 import logging
-import random
 import threading
 import time
 from collections import OrderedDict
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from workers import base_model
 from workers.engine.metrics import EngineMetrics
+from workers.engine.request import BASE, EngineError, GenRequest, Sampling
+from workers.engine.scheduler import make_scheduler
+
+__all__ = ["BASE", "Adapter", "Engine", "EngineError", "GenRequest", "Sampling"]
 
 log = logging.getLogger(__name__)
-
-BASE = "__base__"
-
-
-class EngineError(Exception):
-    """An error with vLLM's status code and error type."""
-
-    def __init__(self, message: str, *, status: int = 400, error_type: str = "BadRequestError"):
-        super().__init__(message)
-        self.message = message
-        self.status = status
-        self.error_type = error_type
-
-
-@dataclass
-class Sampling:
-    """Per-request sampling parameters."""
-
-    max_tokens: int
-    temperature: float = 1.0
-    top_p: float = 1.0
-    seed: int | None = None
-    stop: list[str] = field(default_factory=list)
-
-
-@dataclass
-class GenRequest:
-    """One generation in flight; events go to `queue` on `loop`."""
-
-    prompt_ids: list[int]
-    adapter: str | None
-    sampling: Sampling
-    loop: asyncio.AbstractEventLoop
-    queue: asyncio.Queue[tuple[str, Any]]
-    arrived: float = field(default_factory=time.monotonic)
-    cancelled: bool = False
-    # Filled by the scheduler thread.
-    token_ids: list[int] = field(default_factory=list)
-    text: str = ""
-    sent: int = 0
-    finish_reason: str | None = None
-    generator: Any = None
-
-    def emit(self, kind: str, payload: Any) -> None:
-        """Hand an event to the request's event loop (thread-safe)."""
-        if not self.loop.is_closed():
-            self.loop.call_soon_threadsafe(self.queue.put_nowait, (kind, payload))
 
 
 @dataclass
@@ -79,6 +35,9 @@ class Adapter:
     name: str
     path: str
     rank: int
+    # Its name inside PEFT: the name, unless an unloaded adapter of the same name is still
+    # decoding (continuous batching), then the name with a suffix.
+    key: str
 
 
 class Engine:
@@ -94,8 +53,10 @@ class Engine:
         max_cpu_loras: int | None = None,
         max_lora_rank: int = 64,
         max_batch: int = 16,
+        max_waiting: int = 256,
         batch_wait_ms: float = 10.0,
         default_max_tokens: int = 256,
+        scheduler: str = "continuous",
     ) -> None:
         import torch
 
@@ -110,18 +71,19 @@ class Engine:
         self.max_cpu_loras = max(max_cpu_loras or max_loras, max_loras)
         self.max_lora_rank = max_lora_rank
         self.max_batch = max_batch
+        self.max_waiting = max_waiting
         self.batch_wait = batch_wait_ms / 1000
         self.default_max_tokens = default_max_tokens
         self.eos_ids = self._eos_ids()
         self.metrics = EngineMetrics()
         self.adapters: dict[str, Adapter] = {}  # every registered adapter, in load order
-        self.resident: OrderedDict[str, None] = OrderedDict()  # in PEFT now, LRU first
+        self.resident: OrderedDict[str, None] = OrderedDict()  # PEFT keys in memory, LRU first
+        self.retired: set[str] = set()  # keys of unloaded adapters a running request still uses
+        self._suffix = itertools.count(1)
         self.model_lock = threading.RLock()
-        self._pending: collections.deque[GenRequest] = collections.deque()
-        self._cond = threading.Condition()
-        self._stop = False
-        self._thread = threading.Thread(target=self._loop, name="engine-scheduler", daemon=True)
-        self._thread.start()
+        self.scheduler = make_scheduler(scheduler, self)
+        self.metrics.scheduler.labels(self.scheduler.name).set(1)
+        self.scheduler.start()
 
     def _eos_ids(self) -> set[int]:
         ids: set[int] = set()
@@ -134,10 +96,7 @@ class Engine:
 
     def close(self) -> None:
         """Stop the scheduler thread."""
-        with self._cond:
-            self._stop = True
-            self._cond.notify_all()
-        self._thread.join(timeout=30)
+        self.scheduler.close()
 
     # Adapters
 
@@ -160,9 +119,11 @@ class Engine:
             raise EngineError(
                 f"The name '{name}' is reserved for the base model.", error_type="InvalidUserInput"
             )
-        adapter = Adapter(name=name, path=path, rank=self._check_adapter_dir(path))
+        rank = self._check_adapter_dir(path)
         with self.model_lock:
-            self._make_resident(adapter, keep=set())
+            key = name if name not in self.resident else f"{name}@{next(self._suffix)}"
+            adapter = Adapter(name=name, path=path, rank=rank, key=key)
+            self.make_resident(adapter, keep=self.scheduler.in_use())
             self.adapters[name] = adapter
             self.metrics.loaded_adapters.set(len(self.adapters))
         log.info("loaded LoRA adapter %s from %s", name, path)
@@ -181,9 +142,12 @@ class Engine:
                     status=404,
                     error_type="NotFoundError",
                 )
-            del self.adapters[name]
-            if name in self.resident:
-                self._evict(name)
+            key = self.adapters.pop(name).key
+            # Requests already decoding with it finish on it; it leaves memory after them.
+            if key in self.scheduler.in_use():
+                self.retired.add(key)
+            elif key in self.resident:
+                self._evict(key)
             self.metrics.loaded_adapters.set(len(self.adapters))
 
     def _check_adapter_dir(self, path: str) -> int:
@@ -218,13 +182,14 @@ class Engine:
         names = {self.base_name, self.base_path, Path(self.base_path).name}
         return parent in names or Path(parent).name in names
 
-    def _make_resident(self, adapter: Adapter, *, keep: set[str]) -> None:
-        """Load adapter into PEFT, evicting least recently used ones not in keep."""
-        if adapter.name in self.resident:
-            self.resident.move_to_end(adapter.name)
+    def make_resident(self, adapter: Adapter, *, keep: set[str]) -> None:
+        """Load adapter into PEFT, evicting least recently used ones whose key is not in keep."""
+        if adapter.key in self.resident:
+            self.resident.move_to_end(adapter.key)
             return
+        self.evict_retired(keep)
         while len(self.resident) >= self.max_cpu_loras:
-            victim = next((n for n in self.resident if n not in keep), None)
+            victim = next((k for k in self.resident if k not in keep), None)
             if victim is None:
                 break
             self._evict(victim)
@@ -233,15 +198,22 @@ class Engine:
         try:
             if self.model is self.base:
                 self.model = PeftModel.from_pretrained(
-                    self.base, adapter.path, adapter_name=adapter.name
+                    self.base, adapter.path, adapter_name=adapter.key
                 ).eval()
             else:
-                self.model.load_adapter(adapter.path, adapter_name=adapter.name)
+                self.model.load_adapter(adapter.path, adapter_name=adapter.key)
                 self.model.eval()
         except Exception as e:
             raise EngineError(f"Failed to load the adapter at {adapter.path}: {e}") from e
-        self.resident[adapter.name] = None
+        self.resident[adapter.key] = None
         self.metrics.resident_adapters.set(len(self.resident))
+
+    def evict_retired(self, in_use: set[str]) -> None:
+        """Free the unloaded adapters that no running request uses any more."""
+        for key in [k for k in self.retired if k not in in_use]:
+            self.retired.discard(key)
+            if key in self.resident:
+                self._evict(key)
 
     def _evict(self, name: str) -> None:
         del self.resident[name]
@@ -271,7 +243,7 @@ class Engine:
     # Scheduling
 
     def submit(self, req: GenRequest) -> None:
-        """Queue a request for the scheduler thread."""
+        """Queue a request for the scheduler thread (429 when the waiting queue is full)."""
         if len(req.prompt_ids) == 0:
             raise EngineError("The prompt is empty.")
         total = len(req.prompt_ids) + req.sampling.max_tokens
@@ -286,135 +258,16 @@ class Engine:
             raise EngineError(
                 f"The model `{req.adapter}` does not exist.", status=404, error_type="NotFoundError"
             )
-        with self._cond:
-            self._pending.append(req)
-            self.metrics.waiting.set(len(self._pending))
-            self._cond.notify()
+        self.scheduler.submit(req)
 
-    def _take_batch(self) -> list[GenRequest]:
-        with self._cond:
-            while not self._pending and not self._stop:
-                self._cond.wait()
-            if self._stop:
-                return []
-        # Let requests that arrive together join the same batch.
-        time.sleep(self.batch_wait)
-        batch: list[GenRequest] = []
-        chosen: set[str] = set()
-        with self._cond:
-            rest: collections.deque[GenRequest] = collections.deque()
-            while self._pending:
-                req = self._pending.popleft()
-                if req.cancelled:
-                    continue
-                fits = req.adapter is None or req.adapter in chosen or len(chosen) < self.max_loras
-                if len(batch) < self.max_batch and fits:
-                    batch.append(req)
-                    if req.adapter is not None:
-                        chosen.add(req.adapter)
-                else:
-                    rest.append(req)
-            self._pending = rest
-            self.metrics.waiting.set(len(self._pending))
-        return batch
+    def adapter_kwargs(self, keys: list[str | None]) -> dict[str, Any]:
+        """The forward's adapter arguments for rows decoding with these PEFT keys."""
+        if self.model is self.base:
+            return {}
+        return {"adapter_names": [k or BASE for k in keys]}
 
-    def _loop(self) -> None:
-        while True:
-            batch = self._take_batch()
-            if not batch:
-                if self._stop:
-                    return
-                continue
-            try:
-                with self.model_lock:
-                    self._run_batch(batch)
-            except Exception as e:  # the batch fails, the engine keeps serving
-                log.exception("batch failed")
-                for req in batch:
-                    if req.finish_reason is None:
-                        req.emit("error", EngineError(f"generation failed: {e}", status=500))
-
-    def _run_batch(self, batch: list[GenRequest]) -> None:
-        import torch
-
-        batch = [r for r in batch if self._ensure_resident(r, batch)]
-        if not batch:
-            return
-        self.metrics.batch_size.observe(len(batch))
-        self.metrics.running.set(len(batch))
-        pad_id = self.tokenizer.pad_token_id
-        width = max(len(r.prompt_ids) for r in batch)
-        input_ids = torch.tensor(
-            [[pad_id] * (width - len(r.prompt_ids)) + r.prompt_ids for r in batch]
-        )
-        mask = torch.tensor(
-            [[0] * (width - len(r.prompt_ids)) + [1] * len(r.prompt_ids) for r in batch]
-        )
-        positions = (mask.cumsum(-1) - 1).clamp(min=0)
-        kwargs: dict[str, Any] = {}
-        if self.model is not self.base:
-            kwargs["adapter_names"] = [r.adapter or BASE for r in batch]
-        for r in batch:
-            seed = r.sampling.seed if r.sampling.seed is not None else random.getrandbits(63)
-            r.generator = torch.Generator().manual_seed(seed)
-        steps = max(r.sampling.max_tokens for r in batch)
-        past = None
-        try:
-            with torch.inference_mode():
-                for step in range(steps):
-                    out = self.model(
-                        input_ids=input_ids,
-                        attention_mask=mask,
-                        position_ids=positions,
-                        cache=past,
-                        use_cache=True,
-                        logits_to_keep=1,
-                        **kwargs,
-                    )
-                    past = out.past_key_values  # the cache object, updated in place
-                    logits = out.logits[:, -1, :].float()
-                    next_ids: list[int] = []
-                    for i, r in enumerate(batch):
-                        if r.finish_reason is not None or r.cancelled:
-                            next_ids.append(pad_id)
-                            continue
-                        tok = self._sample(logits[i], r)
-                        next_ids.append(tok)
-                        self._advance(r, tok, first=step == 0)
-                    if all(r.finish_reason is not None or r.cancelled for r in batch):
-                        break
-                    input_ids = torch.tensor(next_ids).unsqueeze(1)
-                    mask = torch.cat([mask, torch.ones(len(batch), 1, dtype=mask.dtype)], dim=1)
-                    positions = positions[:, -1:] + 1
-        finally:
-            self.metrics.running.set(0)
-        for r in batch:
-            if r.finish_reason is None and not r.cancelled:
-                self._finish(r, "length")
-
-    def _ensure_resident(self, req: GenRequest, batch: list[GenRequest]) -> bool:
-        if req.adapter is None:
-            return True
-        adapter = self.adapters.get(req.adapter)
-        if adapter is None:  # unloaded while waiting
-            req.emit(
-                "error",
-                EngineError(
-                    f"The model `{req.adapter}` does not exist.",
-                    status=404,
-                    error_type="NotFoundError",
-                ),
-            )
-            return False
-        keep = {r.adapter for r in batch if r.adapter is not None}
-        try:
-            self._make_resident(adapter, keep=keep)
-        except EngineError as e:
-            req.emit("error", e)
-            return False
-        return True
-
-    def _sample(self, logits: Any, req: GenRequest) -> int:
+    def sample(self, logits: Any, req: GenRequest) -> int:
+        """The request's next token from its logits (greedy at temperature 0)."""
         import torch
 
         s = req.sampling
@@ -430,20 +283,22 @@ class Engine:
             probs = probs / probs.sum()
         return int(torch.multinomial(probs, 1, generator=req.generator).item())
 
-    def _advance(self, req: GenRequest, tok: int, *, first: bool) -> None:
-        if first:
-            self.metrics.ttft.observe(time.monotonic() - req.arrived)
+    def advance(self, req: GenRequest, tok: int) -> None:
+        """Append a sampled token: stream the new text, finish on EOS, a stop or max_tokens."""
+        if not req.token_ids:
+            req.first_token = time.monotonic()
+            self.metrics.ttft.observe(req.first_token - req.arrived)
         self.metrics.generation_tokens.inc()
         req.token_ids.append(tok)
         if tok in self.eos_ids:
-            self._finish(req, "stop")
+            self.finish(req, "stop")
             return
         req.text = self.tokenizer.decode(req.token_ids, skip_special_tokens=True)
         for stop in req.sampling.stop:
             at = req.text.find(stop)
             if at >= 0:
                 req.text = req.text[:at]
-                self._finish(req, "stop")
+                self.finish(req, "stop")
                 return
         # Hold back what could still become a stop string or an incomplete character.
         hold = max((len(s) - 1 for s in req.sampling.stop), default=0)
@@ -454,9 +309,10 @@ class Engine:
             req.emit("delta", req.text[req.sent : safe])
             req.sent = safe
         if len(req.token_ids) >= req.sampling.max_tokens:
-            self._finish(req, "length")
+            self.finish(req, "length")
 
-    def _finish(self, req: GenRequest, reason: str) -> None:
+    def finish(self, req: GenRequest, reason: str) -> None:
+        """End a request: flush its held-back text and send its finish reason and usage."""
         req.finish_reason = reason
         if len(req.text) > req.sent:
             req.emit("delta", req.text[req.sent :])

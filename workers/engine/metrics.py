@@ -25,7 +25,8 @@ class EngineMetrics:
         )
         self.batch_size = Histogram(
             "cft_engine_batch_size",
-            "Requests decoded together in one batch",
+            "Requests decoded together: per batch (static scheduler) or per decode step "
+            "(continuous scheduler)",
             registry=r,
             buckets=(1, 2, 3, 4, 6, 8, 12, 16, 32),
         )
@@ -44,5 +45,24 @@ class EngineMetrics:
         self.evictions = Counter(
             "cft_engine_adapter_evictions_total", "Adapters evicted from memory (LRU)", registry=r
         )
-        self.running = Gauge("cft_engine_requests_running", "Requests being decoded", registry=r)
+        self.queue_time = Histogram(
+            "cft_engine_queue_time_seconds",
+            "From arrival to the start of the request's prefill",
+            registry=r,
+            buckets=(0.001, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30),
+        )
+        self.running = Gauge(
+            "cft_engine_requests_running", "Requests in the running batch", registry=r
+        )
         self.waiting = Gauge("cft_engine_requests_waiting", "Requests queued", registry=r)
+        self.rejected = Counter(
+            "cft_engine_requests_rejected_total",
+            "Requests refused with 429 because the waiting queue was full",
+            registry=r,
+        )
+        self.scheduler = Gauge(
+            "cft_engine_scheduler",
+            "The engine's scheduler (1 for the one in use)",
+            ["scheduler"],
+            registry=r,
+        )

@@ -78,10 +78,16 @@ class UnloadLoRAAdapterRequest(BaseModel):
     lora_int_id: int | None = None
 
 
-def _error(message: str, error_type: str, status: int, param: str | None = None) -> JSONResponse:
+def _error(
+    message: str,
+    error_type: str,
+    status: int,
+    param: str | None = None,
+    headers: dict[str, str] | None = None,
+) -> JSONResponse:
     # vLLM's ErrorResponse: the OpenAI shape with the HTTP status as the code.
     body = {"error": {"message": message, "type": error_type, "param": param, "code": status}}
-    return JSONResponse(body, status_code=status)
+    return JSONResponse(body, status_code=status, headers=headers)
 
 
 def _text_of(message: ChatMessage) -> dict[str, Any]:
@@ -102,7 +108,7 @@ def create_app(engine: Engine) -> FastAPI:
 
     @app.exception_handler(EngineError)
     async def _engine_error(_: Request, exc: EngineError) -> JSONResponse:
-        return _error(exc.message, exc.error_type, exc.status)
+        return _error(exc.message, exc.error_type, exc.status, headers=exc.headers)
 
     @app.exception_handler(RequestValidationError)
     async def _validation(_: Request, exc: RequestValidationError) -> JSONResponse:
@@ -217,7 +223,11 @@ async def _generate(
     queue: asyncio.Queue[tuple[str, Any]] = asyncio.Queue()
     adapter = None if body.model == engine.base_name else body.model
     req = GenRequest(prompt_ids=ids, adapter=adapter, sampling=sampling, loop=loop, queue=queue)
-    engine.submit(req)
+    try:
+        engine.submit(req)
+    except EngineError as e:
+        engine.metrics.requests.labels(endpoint, body.model, str(e.status)).inc()
+        raise
     engine.metrics.prompt_tokens.inc(len(ids))
     rid = ("chatcmpl-" if chat else "cmpl-") + uuid.uuid4().hex
     created = int(time.time())
