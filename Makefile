@@ -5,7 +5,7 @@ PY     := $(VENV)/bin/python
 PIP    := $(VENV)/bin/pip
 STAMP  := $(VENV)/.cft-installed
 
-.PHONY: run test lint fmt bench fuzz load soak clean venv browser
+.PHONY: run test lint fmt bench fuzz load soak clean venv browser prod-smoke
 
 venv: $(STAMP)
 
@@ -55,6 +55,11 @@ load: $(STAMP)
 # error rate, and every acknowledged request id reconciled against obs.inference_log (issue 11).
 soak: $(STAMP)
 	$(PY) bench/soak.py --seconds 600
+
+# docker-compose.yml's stack as local processes (no Docker): every service's command with the
+# environment compose gives it, then one loop through the public APIs (docs/deployment.md).
+prod-smoke: $(STAMP)
+	$(PY) -m deploy.smoke.compose_as_processes
 
 clean:
 	rm -rf $(VENV) .mypy_cache .ruff_cache .pytest_cache
