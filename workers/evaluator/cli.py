@@ -11,6 +11,9 @@ import signal
 import sys
 from typing import Any
 
+# Engine kinds that speak vLLM's API, which the evaluator drives.
+VLLM_API = frozenset({"vllm", "local"})
+
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
     """The worker's options."""
@@ -33,6 +36,11 @@ def run(args: argparse.Namespace) -> int:
     from workers.evaluator.worker import EvalConfig, Evaluator
 
     settings = get_settings()
+    # The evaluator speaks vLLM's API (load, generate, unload): it uses the first engine of a kind
+    # that does (vllm or the local engine); SGLang and LoRAX entries serve traffic only.
+    from app.gateway.engine_kinds import parse_engine_urls
+
+    vllm_api = [s.url for s in parse_engine_urls(settings.engine_url_list) if s.kind in VLLM_API]
     if args.calibrate:
         return _calibrate(settings, database_url(settings), args.calibrate, args.worker_id)
     worker = Evaluator(
@@ -40,7 +48,7 @@ def run(args: argparse.Namespace) -> int:
             db_url=database_url(settings),
             models_dir=settings.models_path,
             settings=settings,
-            engine_urls=settings.engine_url_list,
+            engine_urls=vllm_api,
             worker_id=args.worker_id,
             lease_s=args.lease,
             poll_s=args.poll,
