@@ -10,7 +10,7 @@ from pydantic_settings import BaseSettings, SettingsConfigDict
 
 
 class Settings(BaseSettings):
-    """cft configuration; every field is documented in README.md."""
+    """cft configuration; every field is documented in docs/configuration.md."""
 
     model_config = SettingsConfigDict(env_prefix="CFT_", env_file=".env", extra="ignore")
 

@@ -33,7 +33,7 @@ Say = Callable[[str], None]
 TERMINAL = ("promoted", "rejected", "rolled_back", "failed")
 QUIET_STATES = ("triggered", "snapshot", "training", "evaluating", "canary")
 
-# The demo's loop policy (README "What `make run` shows" says why each value differs from the
+# The demo's loop policy (docs/demo.md says why each value differs from the
 # default). Everything else keeps its default.
 DEMO_HYPERPARAMETERS: dict[str, Any] = {
     "learning_rate": 2e-3, "lr_scheduler": "constant", "warmup": 0.0, "max_steps": 10,

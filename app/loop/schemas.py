@@ -14,7 +14,7 @@ from app.training.methods import Hyperparameters, Method
 
 class LoopPolicyIn(BaseModel):
     """A route's loop policy. Every field is optional: a field left out takes its default
-    (README "The loop"), so `{"enabled": true}` turns the loop on with the defaults."""
+    (docs/loop.md), so `{"enabled": true}` turns the loop on with the defaults."""
 
     model_config = ConfigDict(extra="forbid")
 

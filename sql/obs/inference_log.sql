@@ -22,7 +22,7 @@ CREATE TABLE obs.inference_log (
   parent_request_id uuid,                       -- same link by request id (may arrive first)
   regenerated_by    uuid,                       -- request id of the regeneration, if known
   embedding         halfvec(__EMBEDDING_DIM__), -- prompt embedding, filled by the embedder
-  pii_flags         smallint NOT NULL DEFAULT 0, -- bitmask, see README
+  pii_flags         smallint NOT NULL DEFAULT 0, -- bitmask, see docs/observe.md "PII flags"
   status            text NOT NULL DEFAULT 'ok' CHECK (status IN ('ok', 'error', 'partial')),
   feedback_at       timestamptz,
   created_at        timestamptz NOT NULL DEFAULT now(),
