@@ -17,6 +17,7 @@ PLUGINS: list[str] = [
     "workers.engine.cli",
     "app.tenants.cli",
     "app.datasets.cli",
+    "app.training.cli",
     "app.adapters.cli",
     "app.privacy.cli",
     "app.loop.cli",

@@ -295,3 +295,25 @@ def test_a_crashed_rank_fails_the_run_readably(conn, db_url, tmp_path, models_di
     assert "rank 1 exited with code -9" in row["error"], row["error"]
     assert conn.execute("SELECT count(*) AS n FROM serve.adapter").fetchone()["n"] == 0
     assert not [p for p in _rank_pids(str(work)) if p.is_running()]
+
+
+def test_cli_queues_a_run_with_its_needs(conn, db_url, monkeypatch, capsys) -> None:  # type: ignore[no-untyped-def]
+    from app.core.config import get_settings
+    from workers import cli
+
+    tenant, route, snap = setup_route(conn)
+    monkeypatch.setenv("CFT_DATABASE_URL", db_url)
+    get_settings.cache_clear()
+    try:
+        base = ["training-run", "create", "--tenant", tenant["name"], "--route", route["name"]]
+        base += ["--method", "sft", "--snapshot-id", str(snap["id"])]
+        assert cli.main([*base, "--gpus", "0"]) == 2
+        assert "gpus: Input should be greater than or equal to 1" in capsys.readouterr().err
+        assert cli.main([*base, "--gpus", "2", "--device-kind", "cpu", "--hp", "rank=4"]) == 0
+        run = json.loads(capsys.readouterr().out)
+        assert (run["gpus"], run["device_kind"], run["hyperparameters"]["rank"]) == (2, "cpu", 4)
+        assert cli.main(["training-run", "waits"]) == 0
+        wait = json.loads(capsys.readouterr().out)
+        assert wait["id"] == run["id"] and wait["reason"] == "no live trainer worker"
+    finally:
+        get_settings.cache_clear()

@@ -218,6 +218,7 @@ def _train(
         fsdp = bool(getattr(trainer, "is_fsdp_enabled", False))
         strategy = "fsdp" if fsdp else ("ddp" if world_size > 1 else "single")
         main = bool(trainer.is_world_process_zero())
+        peak = _peak_vram_gib(trainer, cuda, world_size)
         metrics: dict[str, Any] = {
             "train_loss": float(output.training_loss),
             "steps": int(trainer.state.global_step),
@@ -241,6 +242,8 @@ def _train(
             # The first and last logged loss (under DDP / FSDP the mean over the ranks).
             "loss_first": callback.history[0][1] if callback.history else None,
             "loss_last": callback.loss,
+            # torch.cuda.max_memory_allocated of each rank's GPU (None on the CPU).
+            "peak_vram_gib": peak,
         }
         if eval_rows:
             with torch.no_grad():
@@ -273,6 +276,18 @@ def _train(
     _remove_tree(out_dir / ".checkpoints")
     log.info("trained %s adapter in %.1f s: %s", method, elapsed, metrics)
     return TrainResult(out_dir=out_dir, manifest=manifest, metrics=metrics)
+
+
+def _peak_vram_gib(trainer: Any, cuda: bool, world_size: int) -> list[float] | None:
+    """Peak allocated GiB of every rank's GPU, rank order (a collective when distributed)."""
+    if not cuda:
+        return None
+    import torch
+
+    peak = torch.tensor([torch.cuda.max_memory_allocated() / 2**30], device="cuda")
+    if world_size > 1:
+        peak = trainer.accelerator.gather(peak)
+    return [round(float(x), 3) for x in peak.tolist()]
 
 
 def _remove_tree(path: Path) -> None:
