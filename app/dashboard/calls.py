@@ -1,11 +1,12 @@
 """Logged calls: obs.inference_log newest first, filtered by route, adapter, variant and feedback,
-keyset-paginated on (created_at, id) and always bounded by a time window, so a page reads only
-the partitions of that window through the (tenant_id, route, created_at) or
-(tenant_id, adapter_id, created_at) index. Prompts and answers are shown as escaped text."""
+keyset-paginated on (created_at, id) and always bounded by a time window (now - window to
+now + SKEW), so a page reads only the partitions of that window, through the
+(tenant_id, route, created_at) or (tenant_id, adapter_id, created_at) index when filtered.
+Prompts and answers are shown as escaped text."""
 
 from __future__ import annotations
 
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 from html import escape
 from typing import Any
 
@@ -32,6 +33,9 @@ ACTIVE = "/dashboard/calls"
 PAGE_SIZE = 50
 WINDOWS = ["1h", "24h", "7d", "30d", "90d"]
 DEFAULT_WINDOW = "24h"
+# The window ends this far ahead of now (a caller's clock may run ahead of ours): the weekly
+# partitions made in advance stay out of the plan.
+SKEW = timedelta(hours=1)
 # feedback filter -> its SQL condition
 FEEDBACK = {
     "up": "l.fb_explicit > 0",
@@ -52,6 +56,7 @@ def page_query(
     *,
     tenant_id: int,
     since: datetime,
+    until: datetime,
     route: str | None = None,
     adapter: str | None = None,
     variant: str | None = None,
@@ -59,8 +64,8 @@ def page_query(
     before: tuple[datetime, int] | None = None,
 ) -> tuple[str, dict[str, Any]]:
     """The SQL of one page (PAGE_SIZE + 1 rows, newest first) and its parameters."""
-    where = ["l.tenant_id = %(tenant)s", "l.created_at >= %(since)s"]
-    args: dict[str, Any] = {"tenant": tenant_id, "since": since}
+    where = ["l.tenant_id = %(tenant)s", "l.created_at >= %(since)s", "l.created_at < %(until)s"]
+    args: dict[str, Any] = {"tenant": tenant_id, "since": since, "until": until}
     for name, col, value in (
         ("route", "l.route", route),
         ("adapter", "l.adapter_id", adapter),
@@ -161,8 +166,10 @@ def calls_page(
     feedback = feedback if feedback in FEEDBACK else None
     filters = {"route": route, "adapter": adapter, "variant": variant, "feedback": feedback}
     with tenant(key, pool) as conn:
-        since = datetime.now(UTC) - delta
-        sql, args = page_query(tenant_id=key.tenant_id, since=since, before=cursor, **filters)
+        now = datetime.now(UTC)
+        sql, args = page_query(
+            tenant_id=key.tenant_id, since=now - delta, until=now + SKEW, before=cursor, **filters
+        )
         rows = conn.execute(sql, args).fetchall()
         routes = [r["name"] for r in conn.execute("SELECT name FROM serve.route ORDER BY name")]
         adapters = [

@@ -28,6 +28,7 @@ from app.dashboard.layout import (
 router = APIRouter(include_in_schema=False)
 
 ACTIVE = "/dashboard/evals"
+DEFAULT_RULE = "default rule: higher is better, 2 %"
 
 
 def _against(conn: Any, adapter: dict[str, Any]) -> tuple[str | None, str]:
@@ -46,6 +47,25 @@ def _base_scores(adapter: dict[str, Any]) -> dict[tuple[str, str], Any]:
         for metric, value in (metrics or {}).items():
             if isinstance(value, int | float) and not isinstance(value, bool):
                 out[(suite, metric)] = value
+    return out
+
+
+def _rules(conn: Any, adapter: dict[str, Any]) -> dict[tuple[str, str], str]:
+    """(suite, metric) -> the gate's rule for it, as text (the route's rule over the global)."""
+    snap = adapter.get("dataset_snapshot_id")
+    out: dict[tuple[str, str], str] = {}
+    # Global rules first, so the route's own replace them.
+    for r in adapters.get_policy(conn, route=adapter["route"]):
+        if r["route"] not in (None, adapter["route"]):
+            continue
+        suite = f"heldout:{snap}" if r["suite_id"] == "heldout:snapshot" and snap else r["suite_id"]
+        tol = r["tolerance"]
+        out[(suite, r["metric"])] = (
+            "ignored"
+            if r["direction"] == "ignore"
+            else f"{r['direction']} is better, {100 * (tol or 0):g} %"
+            + (", required" if r["required"] else "")
+        )
     return out
 
 
@@ -99,6 +119,7 @@ def adapter_evals_page(adapter_id: str, request: Request, pool: PoolDep) -> Resp
             return not_found(f"adapter {adapter_id}", ACTIVE)
         current, role = _against(conn, adapter)
         found = adapters.blockers(conn, candidate=adapter_id, current=current)
+        rules = _rules(conn, adapter)
         results = conn.execute(
             "SELECT adapter_id, suite_id, metric, score, judge_model, author_role, judged_at"
             "  FROM train.eval_result WHERE adapter_id = ANY (%s) ORDER BY suite_id, metric",
@@ -136,6 +157,7 @@ def adapter_evals_page(adapter_id: str, request: Request, pool: PoolDep) -> Resp
         )
         rows.append(
             f'<tr class="metric"><td>{escape(k[0])}</td><td>{escape(k[1])}</td>'
+            f"<td class=muted>{escape(rules.get(k, DEFAULT_RULE))}</td>"
             f"<td class=n>{num(base.get(k), 4)}</td><td class=n>{score(p)}</td>"
             f"<td class=n>{score(c)}</td><td class=n>{diff}</td><td>{verdict}</td></tr>"
         )
@@ -153,11 +175,12 @@ def adapter_evals_page(adapter_id: str, request: Request, pool: PoolDep) -> Resp
         + f" · {link('/dashboard/lineage', adapter_id, text='lineage')}</p>{gate}"
         + (f'<ul class="general">{general_html}</ul>' if general_html else "")
         + "</section><section><h2>Side by side</h2><table id=evals><tr><th>suite</th>"
-        f"<th>metric</th><th class=n>base</th><th class=n>{role}</th><th class=n>candidate</th>"
+        "<th>metric</th><th>rule</th><th class=n>base</th>"
+        f"<th class=n>{role}</th><th class=n>candidate</th>"
         "<th class=n>candidate − "
         + role
         + "</th><th>gate</th></tr>"
-        + ("".join(rows) or "<tr><td colspan=7>no eval results</td></tr>")
+        + ("".join(rows) or "<tr><td colspan=8>no eval results</td></tr>")
         + "</table></section>"
     )
     return page(f"evals {adapter_id}", body, active=ACTIVE)

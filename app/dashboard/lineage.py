@@ -166,7 +166,7 @@ def lineage_page(adapter_id: str, request: Request, pool: PoolDep) -> Response:
     exp = one.get("experiment")
     exp_html = (
         f"<p>canary at {num(exp['detail'].get('canary_pct'))} % from "
-        f"{escape(str(exp['detail'].get('canary_started_at'))[:19])} · numbers "
+        f"{escape(str(exp['detail'].get('canary_started_at') or '–'))[:19]} · numbers "
         f"<span class=numbers>{_jsonish(exp['detail'].get('numbers'))}</span></p>"
         if exp
         else ""

@@ -77,7 +77,7 @@ def _funnel(snap: dict[str, Any]) -> str:
     top = max([int(n) for _, _, n in steps if n is not None] + [1])
     rows, prev = [], None
     for k, label, n in steps:
-        dropped = f"−{prev - n}" if prev is not None and n is not None and prev >= n else ""
+        dropped = "" if prev is None or n is None else f"−{prev - n}" if prev > n else "0"
         width = 300 * (n or 0) / top
         ms = step_ms.get(k)
         rows.append(

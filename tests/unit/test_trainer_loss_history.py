@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from itertools import pairwise
 from types import SimpleNamespace
 from typing import Any
 
@@ -23,6 +24,6 @@ def test_history_is_bounded_and_spans_the_run() -> None:
     assert HISTORY_POINTS // 2 <= len(history) <= HISTORY_POINTS
     steps = [s for s, _ in history]
     assert steps == sorted(steps) and steps[0] <= 4 and steps[-1] >= total - 4
-    assert len({b - a for a, b in zip(steps, steps[1:], strict=False)}) == 1  # evenly spaced
+    assert len({b - a for a, b in pairwise(steps)}) == 1  # evenly spaced
     assert all(loss == 10.0 / s for s, loss in history)
     assert last["step"] == total and last["loss"] == 10.0 / total
