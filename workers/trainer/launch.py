@@ -115,10 +115,12 @@ def launch_command(world_size: int, strategy: str, kind: str, spec_path: Path) -
             "FULL_STATE_DICT",
             "--fsdp_use_orig_params",
             "false",
+            # Every rank loads (and quantises) the base itself onto its GPU: no meta-device
+            # loading on the other ranks, nothing to broadcast from rank 0.
             "--fsdp_cpu_ram_efficient_loading",
-            "true",
+            "false",
             "--fsdp_sync_module_states",
-            "true",
+            "false",
             "--fsdp_offload_params",
             "false",
         ]
