@@ -119,6 +119,13 @@ def dockerfile_env(dockerfile: Path) -> dict[str, str]:
     return out
 
 
+def dockerfile_workdir(dockerfile: Path) -> str:
+    """The last `WORKDIR` of the Dockerfile's last stage (where its processes start)."""
+    runtime = re.split(r"(?im)^FROM\s", dockerfile.read_text())[-1]
+    found = re.findall(r"(?m)^\s*WORKDIR\s+(\S+)", runtime)
+    return found[-1] if found else "/"
+
+
 @dataclass
 class Service:
     """One compose service, resolved: what to run, with which environment and mounts."""

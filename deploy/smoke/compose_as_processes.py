@@ -177,12 +177,20 @@ class Stack:
         return out
 
     # --- services ----------------------------------------------------------------------------
-    def _spawn(self, name: str, argv: list[str], env: dict[str, str]) -> Proc:
+    def cwd_of(self, svc: compose.Service) -> Path:
+        """The image's WORKDIR as the service's folder (not the source tree: no stray .env)."""
+        path = svc.host_path(compose.dockerfile_workdir(ROOT / "Dockerfile"), self.workdir)
+        path.mkdir(parents=True, exist_ok=True)
+        return path
+
+    def _spawn(
+        self, name: str, argv: list[str], env: dict[str, str], cwd: Path | None = None
+    ) -> Proc:
         log = self.workdir / "logs" / f"{name}.log"
         log.parent.mkdir(parents=True, exist_ok=True)
         with log.open("ab") as out:
             popen = subprocess.Popen(
-                argv, env=env, cwd=ROOT, stdout=out, stderr=subprocess.STDOUT,
+                argv, env=env, cwd=cwd or ROOT, stdout=out, stderr=subprocess.STDOUT,
                 stdin=subprocess.DEVNULL, start_new_session=True,
             )  # fmt: skip
         proc = Proc(name, popen, log)
@@ -340,7 +348,7 @@ class Stack:
                 self._minio_init(svc)
             elif svc.image.startswith("vllm/"):
                 argv = self._engine_argv(svc)
-                self._spawn(name, argv, self.env_of(svc) | _engine_env(svc))
+                self._spawn(name, argv, self.env_of(svc) | _engine_env(svc), self.cwd_of(svc))
                 self.say(f"  {name}: {' '.join(argv[1:])}")
             elif svc.variant is not None:
                 argv = [str(BIN / "cft"), *self._argv(svc, svc.command[1:])]
@@ -351,7 +359,7 @@ class Stack:
                     log = self.workdir / "logs" / f"{name}.log"
                     with log.open("ab") as out:
                         r = subprocess.run(
-                            argv, env=self.env_of(svc), cwd=ROOT, stdout=out,
+                            argv, env=self.env_of(svc), cwd=self.cwd_of(svc), stdout=out,
                             stderr=subprocess.STDOUT, timeout=300, check=False,
                         )  # fmt: skip
                     if r.returncode != 0:
@@ -360,7 +368,7 @@ class Stack:
                         f"  {name}: `{' '.join(svc.command)}` done in {time.monotonic() - t:.1f} s"
                     )
                 else:
-                    self._spawn(name, argv, self.env_of(svc))
+                    self._spawn(name, argv, self.env_of(svc), self.cwd_of(svc))
                     self.say(
                         f"  {name}: `{' '.join(svc.command)}` ({svc.variant} image)"
                         f" at {self.elapsed():.0f} s"
@@ -409,7 +417,8 @@ class Stack:
         assert self.project is not None
         svc = self.project.services[service]
         r = subprocess.run(
-            [str(BIN / "cft"), *args], env=self.env_of(svc), cwd=ROOT, capture_output=True,
+            [str(BIN / "cft"), *args], env=self.env_of(svc), cwd=self.cwd_of(svc),
+            capture_output=True,
             text=True, timeout=120, check=False,
         )  # fmt: skip
         if r.returncode != 0:
