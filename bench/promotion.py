@@ -5,12 +5,18 @@ Same stack as bench/router.py (embedded PostgreSQL, stub backend that reports be
 loaded, cft router). Each round inserts a candidate with a better eval score, promotes it by
 raw SQL, and right after COMMIT returns sends requests back to back until X-Cft-Adapter names
 it. Usage: python bench/promotion.py [--rounds 50]
+
+Where the time goes (issue 26): a second LISTEN connection in this process notes when each
+NOTIFY arrives (relative to the COMMIT's return: delivery can beat it), and each round counts
+the calls that still got the old adapter and times one call (the client's own poll interval).
 """
 
 from __future__ import annotations
 
 import argparse
+import statistics
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -34,6 +40,25 @@ def main() -> None:
             == "bench-v0"
         )
         times: list[float] = []
+        notified: dict[str, float] = {}
+        listening = threading.Event()
+        stop = threading.Event()
+
+        def listen() -> None:
+            with psycopg.connect(st.db, autocommit=True) as lc:
+                lc.execute("LISTEN cft_adapter")
+                listening.set()
+                while not stop.is_set():
+                    for _note in lc.notifies(timeout=0.2, stop_after=1):
+                        notified.setdefault(f"n{len(notified)}", time.perf_counter())
+
+        listener = threading.Thread(target=listen, daemon=True)
+        listener.start()
+        listening.wait(10)
+        notify_ms: list[float] = []
+        commit_ms: list[float] = []
+        stale_calls: list[int] = []
+        call_ms: list[float] = []
         with psycopg.connect(st.db, autocommit=True) as c:
             for i in range(1, args.rounds + 1):
                 new = f"bench-v{i}"
@@ -48,22 +73,44 @@ def main() -> None:
                     (new, 0.5 + i * 0.001),
                 )
                 time.sleep(0.05)
+                seen = len(notified)  # the INSERT above notified too
+                ts = time.perf_counter()
                 c.execute(
                     "UPDATE serve.adapter SET status = 'prod', traffic_pct = 100 WHERE id = %s",
                     (new,),
                 )  # autocommit: returns after COMMIT
                 t0 = time.perf_counter()
+                stale = 0
                 while True:
+                    tc = time.perf_counter()
                     r = client.post(url, content=rb.BODY, headers=headers)
                     if r.headers.get("x-cft-adapter") == new:
                         break
+                    stale += 1
+                    call_ms.append((time.perf_counter() - tc) * 1000)
                     if time.perf_counter() - t0 > 10:
                         raise RuntimeError(f"{new} never reached routing")
                 times.append(time.perf_counter() - t0)
+                commit_ms.append((t0 - ts) * 1000)
+                stale_calls.append(stale)
+                time.sleep(0.02)
+                arrivals = sorted(notified.values())[seen:]
+                if arrivals:
+                    notify_ms.append((arrivals[0] - t0) * 1000)
+        stop.set()
         print(f"promotion -> routing, {len(times)} rounds (stub backend, cft router)")
         print(
             f"p50 {rb.pct(times, 50):.1f} ms  p99 {rb.pct(times, 99):.1f} ms"
             f"  max {max(times) * 1000:.1f} ms  (TTL alone: {5.0:.0f} s)"
+        )
+        med = statistics.median
+        print(
+            f"UPDATE+COMMIT {med(commit_ms):.1f} ms median; NOTIFY at a 2nd listener"
+            f" {med(notify_ms):+.1f} ms after COMMIT returned (median, max"
+            f" {max(notify_ms):+.1f}); calls still on the old adapter: median"
+            f" {med(stale_calls):.0f}, max {max(stale_calls)}, in"
+            f" {sum(1 for x in stale_calls if x)} of {len(stale_calls)} rounds; one call"
+            f" {med(call_ms) if call_ms else 0:.1f} ms median; {rb.load_str()}"
         )
 
 

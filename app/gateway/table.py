@@ -1,4 +1,10 @@
-"""The router's view of serve.adapter: a TTL cache invalidated at once by NOTIFY cft_adapter."""
+"""The router's view of serve.adapter: a TTL cache invalidated at once by NOTIFY cft_adapter.
+
+On a NOTIFY the listener drops the route and reads it again at once, so a promotion is cached
+before the next call needs it (that call would otherwise read it itself). Reads go over one
+kept connection (a new one costs 10-30 ms on a busy machine: most of what promotion to routing
+took; BENCHMARKS.md, "Router against LiteLLM (issue 26)").
+"""
 
 from __future__ import annotations
 
@@ -68,6 +74,9 @@ class RouteTable:
         self.listening = threading.Event()
         self._refreshing: set[str] = set()
         self._retry_at: dict[str, float] = {}
+        # The kept connection for route reads (not the LISTEN one), one read at a time.
+        self._reader: Connection | None = None
+        self._reader_lock = threading.Lock()
 
     def peek(self, name: str) -> tuple[bool, RouteState | None]:
         """(True, state) when the route is cached and fresh; never touches the database."""
@@ -108,8 +117,7 @@ class RouteTable:
         generation = self._generation
         retry_at = 0.0
         try:
-            with self._connection() as conn:
-                self._store(name, generation, load_route(conn, name))
+            self._store(name, generation, self._read(name))
         except psycopg.Error as exc:
             # The database is down: keep serving what we knew, and try again in a second
             # (not on every call).
@@ -131,8 +139,7 @@ class RouteTable:
         ROUTE_CACHE.labels("miss").inc()
         generation = self._generation
         try:
-            with self._connection() as conn:
-                state = load_route(conn, name)
+            state = self._read(name, cached_ok=True)
         except DB_UNAVAILABLE:
             # PostgreSQL is down: keep serving what we knew (it cannot change meanwhile).
             stale = self._cache.get(name)
@@ -142,6 +149,47 @@ class RouteTable:
             return stale[1]
         self._store(name, generation, state)
         return state
+
+    def _read(self, name: str, *, cached_ok: bool = False) -> RouteState | None:
+        """load_route over the kept reader connection; one new connection and one retry when
+        the kept one is broken (PostgreSQL restarted, the backend was terminated).
+
+        cached_ok: when the route got cached while this waited for the connection (the
+        listener's re-read after a NOTIFY), that state, without a second read."""
+        with self._reader_lock:
+            if cached_ok:
+                fresh, state = self.peek(name)
+                if fresh:
+                    return state
+            for attempt in (1, 2):
+                kept = self._reader is not None
+                if self._reader is None or self._reader.closed:
+                    self._reader = self._connection()
+                try:
+                    return load_route(self._reader, name)
+                except psycopg.Error:
+                    self._close_reader()
+                    if attempt == 2 or not kept:
+                        raise
+        raise AssertionError("unreachable")
+
+    def _close_reader(self) -> None:
+        conn, self._reader = self._reader, None
+        if conn is not None:
+            try:
+                conn.close()
+            except Exception:
+                log.debug("closing the route reader connection failed", exc_info=True)
+
+    def reload(self, name: str) -> None:
+        """Read a route again now and cache it (after a NOTIFY dropped it); on failure it
+        stays uncached and the next call reads it."""
+        generation = self._generation
+        ROUTE_CACHE.labels("miss").inc()
+        try:
+            self._store(name, generation, self._read(name))
+        except psycopg.Error as exc:
+            log.warning("route %s: re-read after NOTIFY failed (%s)", name, exc)
 
     def _store(self, name: str, generation: int, state: RouteState | None) -> None:
         with self._lock:
@@ -181,6 +229,8 @@ class RouteTable:
                 log.debug("cancel of listener connection failed", exc_info=True)
         if self._listener:
             self._listener.join(timeout=5)
+        with self._reader_lock:
+            self._close_reader()
 
     def _listen(self) -> None:
         backoff = 0.2
@@ -194,8 +244,14 @@ class RouteTable:
                     self.listening.set()
                     backoff = 0.2
                     while not self._stop.is_set():
-                        for note in conn.notifies(timeout=1.0):
-                            self.invalidate(note.payload)
+                        # stop_after=1: back from the generator (which holds the connection)
+                        # as soon as a packet of notifications is in.
+                        names = [n.payload for n in conn.notifies(timeout=1.0, stop_after=1)]
+                        for name in dict.fromkeys(names):
+                            self.invalidate(name)
+                        for name in dict.fromkeys(names):
+                            if name:
+                                self.reload(name)
             except psycopg.Error:
                 self.listening.clear()
                 if self._stop.is_set():

@@ -274,7 +274,8 @@ def test_dropped_listen_connection_still_converges_and_recovers(world: World, en
             world.sql(
                 "UPDATE serve.adapter SET status = 'retired', traffic_pct = 0 WHERE id = %s", new
             )
-            while table.peek(route)[0]:
+            # The listener drops the route and reads it again at once: wait for the new state.
+            while (cached := table.peek(route))[0] and cached[1] and cached[1].prod == new:
                 assert time.monotonic() - committed < ttl / 2, "no NOTIFY after reconnect"
                 time.sleep(0.001)
             invalidated_ms = (time.monotonic() - committed) * 1000

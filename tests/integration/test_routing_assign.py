@@ -82,6 +82,37 @@ def test_route_table_refreshes_on_notify_before_ttl(db_url, conn):
         table.stop()
 
 
+def test_notify_recaches_the_new_state_over_one_kept_connection(db_url, conn):
+    t = make_tenant(conn)
+    r = make_route(conn, tenant_id=t["id"])
+    a = make_adapter(conn, route=r, status="prod", traffic_pct=100)
+    table = RouteTable(db_url, ttl=3600)
+    table.start()
+    try:
+        assert table.listening.wait(5)
+        assert table.get(r["name"]).prod == a["id"]
+        reader = table._reader
+        assert reader is not None
+        pid = reader.info.backend_pid
+        conn.execute(
+            "UPDATE serve.adapter SET status='retired', traffic_pct=0 WHERE id=%s", (a["id"],)
+        )
+        # The listener re-reads the route itself: it is cached with the new state before any
+        # caller asks (peek never reads), over the same kept connection.
+        deadline = time.monotonic() + 2
+        while not ((hit := table.peek(r["name"]))[0] and hit[1].prod is None):
+            assert time.monotonic() < deadline, "the route was not re-read after NOTIFY"
+            time.sleep(0.005)
+        assert table._reader is reader and reader.info.backend_pid == pid
+        # A kept connection that died (backend terminated) is replaced on the next read.
+        conn.execute("SELECT pg_terminate_backend(%s, 2000)", (pid,))
+        table.invalidate(r["name"])
+        assert table.get(r["name"]).prod is None
+        assert table._reader is not None and table._reader.info.backend_pid != pid
+    finally:
+        table.stop()
+
+
 def test_route_table_converges_within_ttl_without_listener(db_url, conn):
     t = make_tenant(conn)
     r = make_route(conn, tenant_id=t["id"])
