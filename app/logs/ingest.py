@@ -1,8 +1,15 @@
-"""Ingest of validated records: one COPY into a TEMP staging table, one INSERT ... SELECT.
+"""Ingest of validated records: one key probe, one COPY into a TEMP staging table, one INSERT.
 
 PostgreSQL refuses COPY into a table with row-level security, so records are copied into a
-per-connection TEMP staging table, then moved with one `INSERT ... SELECT ... WHERE NOT EXISTS`
-into obs.inference_log as cft_app, so row-level security checks every row.
+per-connection TEMP staging table, then moved with one `INSERT ... SELECT` into
+obs.inference_log as cft_app, so row-level security checks every row.
+
+Idempotency: the request_ids already logged are found first with one index probe of
+obs.request_key (`= ANY`, O(batch)), and only the others are copied. (An anti-join of the
+staging table against obs.request_key was planned as a hash join over all of the tenant's keys,
+O(tenant's log) per batch.) A concurrent request that logs one of the same ids between the probe
+and the INSERT makes the request_key trigger raise unique_violation; the batch is retried once,
+and the probe then sees that row.
 
 A batch is atomic: either every record is inserted or reported as already existing, or the
 request fails and nothing is written. Records are idempotent by (tenant, request_id).
@@ -47,10 +54,12 @@ SELECT s.request_id, %(tenant_id)s, s.user_hash, s.route, s.adapter_id, s.model,
        s.embedding::halfvec, s.parent_request_id, s.pii_flags, s.status,
        coalesce(s.created_at, now())
   FROM log_staging s
- WHERE NOT EXISTS (SELECT 1 FROM obs.request_key k
-                    WHERE k.tenant_id = %(tenant_id)s AND k.request_id = s.request_id)
  ORDER BY s.ord
-RETURNING request_id
+"""
+# The ids of this batch that are already logged (an index probe per id, under row-level security).
+_EXISTING = """
+SELECT request_id::text AS request_id FROM obs.request_key
+ WHERE tenant_id = %s AND request_id = ANY (%s::uuid[])
 """
 
 
@@ -80,18 +89,24 @@ def insert_prepared(conn: Connection, *, tenant_id: int, prepared: Prepared) -> 
 
 
 def _copy_and_move(conn: Connection, tenant_id: int, prepared: Prepared) -> set[str]:
+    # A line is "ord\trequest_id\t...": the id is its second field.
+    ids = [line.split("\t", 2)[1] for line in prepared.lines]
     with conn.cursor() as cur:
-        cur.execute(_CREATE_STAGING)
-        cur.execute("DELETE FROM log_staging")  # empty unless called twice in one transaction
+        existing = {
+            row["request_id"] for row in cur.execute(_EXISTING, (tenant_id, ids)).fetchall()
+        }
+        new = [(rid, line) for rid, line in zip(ids, prepared.lines, strict=True)]
+        if existing:
+            new = [(rid, line) for rid, line in new if rid not in existing]
+        if not new:
+            return set()
+        # One round trip; the DELETE empties rows of an earlier call in this transaction.
+        cur.execute(_CREATE_STAGING + "; DELETE FROM log_staging")
         with cur.copy(f"COPY log_staging ({STAGING_COLUMNS}) FROM STDIN") as copy:
-            copy.write("".join(prepared.lines).encode())
+            copy.write("".join(line for _, line in new).encode())
         cur.execute(_MOVE, {"tenant_id": tenant_id})
-        inserted = {str(row["request_id"]) for row in cur.fetchall()}
-        if inserted:
-            cur.execute(
-                "SELECT obs.link_regenerations(%s, %s::uuid[])",
-                (tenant_id, list(inserted)),
-            )
+        inserted = {rid for rid, _ in new}
+        cur.execute("SELECT obs.link_regenerations(%s, %s::uuid[])", (tenant_id, list(inserted)))
     return inserted
 
 

@@ -8,6 +8,7 @@ the staging table (`ingest.STAGING_COLUMNS`, in that order).
 from __future__ import annotations
 
 import math
+import re
 import uuid
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -73,7 +74,21 @@ class Prepared:
 
 
 def _text(value: str) -> str:
-    return value.translate(_COPY_ESCAPE)
+    # Most values hold none of the four characters: four C-speed scans beat a translate.
+    if "\\" in value or "\t" in value or "\n" in value or "\r" in value:
+        return value.translate(_COPY_ESCAPE)
+    return value
+
+
+def _json_text(dumped: str) -> str:
+    # orjson escapes control characters inside strings (\n becomes backslash-n), so its
+    # output holds no tab, newline or carriage return: only backslashes need doubling.
+    return dumped.replace("\\", "\\\\") if "\\" in dumped else dumped
+
+
+# The canonical form (lowercase, hyphenated) is kept as is; any other form uuid.UUID accepts
+# (upper case, braces, no hyphens, urn:uuid:) is normalised through it.
+_CANONICAL_UUID = re.compile(r"[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}")
 
 
 def _opt_str(
@@ -107,6 +122,8 @@ def _uuid(value: Any, index: int | None, name: str) -> str:
         raise InvalidRecord(
             index, name, f"must be a UUID string, got {type(value).__name__}", "type"
         )
+    if _CANONICAL_UUID.fullmatch(value):
+        return value
     try:
         return str(uuid.UUID(value))
     except ValueError:
@@ -205,8 +222,17 @@ def _created_at(value: Any, index: int | None) -> str:
     return ts.isoformat()
 
 
-def prepare_record(rec: Any, index: int | None, *, secret: bytes, dim: int) -> tuple[str, str]:
-    """Validate one record; return its request_id and its COPY line (without ord)."""
+def prepare_record(
+    rec: Any,
+    index: int | None,
+    *,
+    secret: bytes,
+    dim: int,
+    user_hashes: dict[str, str] | None = None,
+) -> tuple[str, str]:
+    """Validate one record; return its request_id and its COPY line (without ord).
+
+    user_hashes caches the encoded pseudonym per user id across the records of one batch."""
     if not isinstance(rec, dict):
         raise InvalidRecord(index, "record", "must be a JSON object", "type")
     unknown = rec.keys() - FIELDS
@@ -240,16 +266,24 @@ def prepare_record(rec: Any, index: int | None, *, secret: bytes, dim: int) -> t
     flags = pii.detect(text)
     model = _opt_str(rec, "model", index)
     experiment = _opt_str(rec, "experiment", index)
+    if user is None:
+        hashed = _NULL
+    elif user_hashes is not None and user in user_hashes:
+        hashed = user_hashes[user]
+    else:
+        hashed = "\\\\x" + user_hash(user, secret).hex()
+        if user_hashes is not None:
+            user_hashes[user] = hashed
     line = "\t".join(
         (
             request_id,
-            _NULL if user is None else "\\\\x" + user_hash(user, secret).hex(),
+            hashed,
             _text(route),
             _text(adapter_id),
             _NULL if model is None else _text(model),
             _NULL if experiment is None else _text(experiment),
             _NULL if variant is None else _text(variant),
-            _text(messages),
+            _json_text(messages),
             _NULL if completion is None else _text(completion),
             _opt_int(rec, "ttft_ms", index),
             _opt_int(rec, "tokens_in", index),
@@ -295,9 +329,12 @@ def prepare(
     dim = settings.embedding_dim
     out = Prepared()
     seen: set[str] = set()
+    user_hashes: dict[str, str] = {}
     try:
         for i, rec in enumerate(records):
-            request_id, line = prepare_record(rec, i if batch else None, secret=secret, dim=dim)
+            request_id, line = prepare_record(
+                rec, i if batch else None, secret=secret, dim=dim, user_hashes=user_hashes
+            )
             if request_id in seen:
                 out.duplicates.add(i)
             else:

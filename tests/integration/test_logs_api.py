@@ -127,6 +127,41 @@ def test_batch_retry_is_idempotent_and_reports_per_record(api, conn, tenants):
     assert n == 22
 
 
+def test_text_with_copy_separators_and_other_uuid_forms_round_trip(api, conn, tenants):
+    # Tabs, newlines, carriage returns and backslashes are escaped for COPY only where present.
+    tricky = "a\tb\nc\r\\d \\N \\x00ff"
+    rec = record(
+        route="r\\1",
+        user="u\t2",
+        messages=[{"role": "user", "content": tricky}, {"role": "assistant", "content": "\\"}],
+        completion=tricky,
+    )
+    assert post(api, tenants["a_ingest"], rec).json()["inserted"] == 1
+    got = httpx.get(f"{api}/v1/logs/{rec['request_id']}", headers=h(tenants["a_reader"])).json()
+    assert got["route"] == "r\\1" and got["completion"] == tricky
+    assert got["messages"] == rec["messages"]
+    # Upper case, braces or no hyphens name the same request: logged once, canonical id.
+    rid = uuid.UUID(rec["request_id"])
+    for form in (str(rid).upper(), "{" + str(rid) + "}", rid.hex):
+        r = post(api, tenants["a_ingest"], record(request_id=form)).json()
+        assert r["records"] == [{"request_id": str(rid), "status": "existing"}]
+    assert conn.execute("SELECT count(*) AS n FROM obs.inference_log").fetchone()["n"] == 1
+
+
+def test_concurrent_batches_with_the_same_ids_insert_each_row_once(api, conn, tenants):
+    from concurrent.futures import ThreadPoolExecutor
+
+    # Two at a time: the one that loses the race on the request_key trigger retries once.
+    shared = [record() for _ in range(40)]
+    bodies = [{"records": [*shared, record()]} for _ in range(2)]
+    with ThreadPoolExecutor(2) as pool:
+        results = list(pool.map(lambda b: post(api, tenants["a_ingest"], b), bodies))
+    assert all(r.status_code == 200 for r in results), [r.text for r in results]
+    assert sum(r.json()["inserted"] for r in results) == 40 + 2
+    assert all(r.json()["inserted"] + r.json()["existing"] == 41 for r in results)
+    assert conn.execute("SELECT count(*) AS n FROM obs.inference_log").fetchone()["n"] == 42
+
+
 def test_same_request_id_in_two_tenants_are_two_rows(api, conn, tenants):
     rec = record()
     assert post(api, tenants["a_ingest"], rec).json()["inserted"] == 1
