@@ -11,7 +11,17 @@ from urllib.parse import quote
 from fastapi import APIRouter, Request
 from fastapi.responses import Response
 
-from app.dashboard.layout import STATUS_COLORS, PoolDep, login_page, num, page, pill, reader, tenant
+from app.dashboard.layout import (
+    STATUS_COLORS,
+    PoolDep,
+    link,
+    login_page,
+    num,
+    page,
+    pill,
+    reader,
+    tenant,
+)
 from app.experiments import service as experiments
 from app.loop import service as loop
 
@@ -154,7 +164,8 @@ def overview(request: Request, pool: PoolDep) -> Response:
         for r in reg["routes"]
     )
     adapters = "".join(
-        f"<tr><td>{escape(a['id'])}</td><td>{escape(a['route'])}</td><td>{pill(a['status'])}</td>"
+        f"<tr><td>{link('/dashboard/lineage', a['id'])}</td><td>{escape(a['route'])}</td>"
+        f"<td>{pill(a['status'])}</td>"
         f"<td>{num(a['traffic_pct'], 1)} %</td><td>{escape(a['method'] or '')}</td></tr>"
         for a in reg["adapters"]
     )
