@@ -266,16 +266,17 @@ class ContinuousScheduler(Scheduler):
                 while not self.pending and not self.rows and not self.stopping:
                     self.cond.wait()
                 if self.stopping:
-                    self._fail_all(EngineError("The engine is shutting down.", status=503))
-                    return
+                    break
             try:
                 with engine.model_lock:
                     self._step()
             except Exception as e:  # the step fails, the engine keeps serving
                 log.exception("decode step failed")
-                self._fail_all(EngineError(f"generation failed: {e}", status=500))
                 with engine.model_lock:
+                    self._fail_all(EngineError(f"generation failed: {e}", status=500))
                     engine.evict_retired(set())
+        with engine.model_lock:
+            self._fail_all(EngineError("The engine is shutting down.", status=503))
 
     def _fail_all(self, error: EngineError) -> None:
         for row in self.rows:
