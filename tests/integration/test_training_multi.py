@@ -158,14 +158,20 @@ def _home(tmp_path: Path, models_dir: Path) -> Path:
 def test_supervised_workers_drain_a_mixed_queue_with_a_2_rank_run(  # type: ignore[no-untyped-def]
     conn, db_url, tmp_path, models_dir
 ) -> None:
-    """`--devices cpu,cpu+cpu`: a 1-slot and a 2-slot worker; the 2-rank run trains over gloo."""
+    """`--devices cpu,cpu+cpu`: a 1-slot and a 2-slot worker drain a queue of mixed needs.
+
+    The 2-rank run trains over gloo (the only training here: CI's 2 cores); the 1-device run is
+    a DPO run on SFT examples, which the 1-slot worker claims and fails at once (its data check);
+    the run needing 3 devices and the one needing CUDA wait, each with its reason.
+    """
     tenant, route, _ = setup_route(conn)
     snap = make_snapshot(
         conn, tenant_id=tenant["id"], route=route["name"], method="sft", train=examples("sft", 8)
     )
-    single = make_run(conn, snapshot=snap, params=TINY | {"max_steps": 1})
+    misfit = make_run(conn, snapshot=snap, method="dpo", max_attempts=1)
     dist = make_run(conn, snapshot=snap, params=TINY, gpus=2, device_kind="cpu", max_attempts=1)
     huge = make_run(conn, snapshot=snap, gpus=3)
+    gpu = make_run(conn, snapshot=snap, device_kind="cuda", priority=5)
     env = os.environ | {
         "CFT_DATABASE_URL": db_url,
         "CFT_HOME": str(_home(tmp_path, models_dir)),
@@ -182,54 +188,50 @@ def test_supervised_workers_drain_a_mixed_queue_with_a_2_rank_run(  # type: igno
         )
         try:
             deadline = time.monotonic() + 240
-            while {_run(conn, r["id"])["status"] for r in (single, dist)} - {"succeeded"}:
-                bad = {_run(conn, r["id"])["status"] for r in (single, dist)} & {"failed"}
-                assert not bad, [_run(conn, r["id"])["error"] for r in (single, dist)]
+            while (_run(conn, dist["id"])["status"], _run(conn, misfit["id"])["status"]) != (
+                "succeeded",
+                "failed",
+            ):
+                assert _run(conn, dist["id"])["status"] != "failed", _run(conn, dist["id"])
                 assert proc.poll() is None, log_path.read_text()[-3000:]
                 assert time.monotonic() < deadline, log_path.read_text()[-3000:]
                 time.sleep(0.5)
-            wait = conn.execute(
-                "SELECT reason FROM train.training_run_wait WHERE id = %s", (huge["id"],)
-            ).fetchone()
-            assert wait["reason"] == (
-                "needs 3 devices in one worker; the largest live worker holds 2"
-            )
+            waits = {
+                r["id"]: r["reason"]
+                for r in conn.execute("SELECT id, reason FROM train.training_run_wait")
+            }
+            assert waits == {
+                huge["id"]: "needs 3 devices in one worker; the largest live worker holds 2",
+                gpu["id"]: "needs device_kind cuda; the live workers have cpu",
+            }
         finally:
             proc.send_signal(signal.SIGTERM)
             rc = proc.wait(timeout=60)
     logs = log_path.read_text()
     assert rc == 0, logs[-3000:]
     host = socket.gethostname()
-    one, two = _run(conn, single["id"]), _run(conn, dist["id"])
+    one, two = _run(conn, misfit["id"]), _run(conn, dist["id"])
     assert (one["host"], one["devices"]) == (host, "cpu")
+    assert "lacks prompt, chosen, rejected for method dpo" in one["error"]
     assert (two["host"], two["devices"]) == (host, "cpu+cpu")
     assert one["worker_id"] != two["worker_id"]
-    assert _run(conn, huge["id"])["status"] == "queued"
-    # Rank 0 wrote the artefact, the worker registered one candidate, the manifest says 2 ranks.
-    ads = conn.execute(
-        "SELECT * FROM serve.adapter WHERE training_run_id = %s", (dist["id"],)
+    workers = conn.execute(
+        "SELECT devices, gpus, device_kind FROM train.training_worker ORDER BY gpus"
     ).fetchall()
+    assert [tuple(w.values()) for w in workers] == [("cpu", 1, "cpu"), ("cpu+cpu", 2, "cpu")]
+    # Rank 0 wrote the artefact, the worker registered one candidate, the manifest says 2 ranks.
+    ads = conn.execute("SELECT * FROM serve.adapter").fetchall()
     assert len(ads) == 1 and ads[0]["status"] == "candidate"
+    assert ads[0]["training_run_id"] == dist["id"] and two["adapter_id"] == ads[0]["id"]
     stored = Path(ads[0]["weights_uri"].removeprefix("file://"))
     manifest = json.loads((stored / "manifest.json").read_text())
     assert (manifest["world_size"], manifest["strategy"]) == (2, "ddp")
-    assert manifest["metrics"]["world_size"] == 2 and manifest["metrics"]["steps"] == 2
-    assert manifest["metrics"]["loss_last"] < manifest["metrics"]["loss_first"]
-    single_manifest = json.loads(
-        (
-            Path(
-                conn.execute(
-                    "SELECT weights_uri FROM serve.adapter WHERE training_run_id = %s",
-                    (single["id"],),
-                )
-                .fetchone()["weights_uri"]
-                .removeprefix("file://")
-            )
-            / "manifest.json"
-        ).read_text()
-    )
-    assert set(single_manifest) == set(manifest) and single_manifest["world_size"] == 1
-    assert set(single_manifest["metrics"]) == set(manifest["metrics"])
+    assert manifest["files"]["adapter_model.safetensors"]["sha256"] == ads[0]["sha256"]
+    assert manifest["training_run_id"] == str(dist["id"]) and manifest["method"] == "sft"
+    metrics = manifest["metrics"]
+    assert (metrics["world_size"], metrics["strategy"], metrics["steps"]) == (2, "ddp", 2)
+    assert metrics["train_tokens"] > 0 and metrics["tokens_per_s"] > 0
+    assert metrics["loss_last"] < metrics["loss_first"], metrics
     assert sorted(p.name for p in stored.iterdir()) == sorted(
         ["adapter_config.json", "adapter_model.safetensors", "manifest.json", "README.md"]
     )
