@@ -3,7 +3,10 @@ then search the near duplicates of the newly embedded rows (obs.compute_prompt_n
 
 from __future__ import annotations
 
-from app.core.db import Connection
+import threading
+
+from app.core.db import Connection, connect
+from workers.embedder.metrics import EMBEDDER_ROWS
 from workers.embedder.model import Encoder, prompt_text, to_halfvec
 
 # Newest first: fresh traffic is what the next snapshot needs. SKIP LOCKED lets several
@@ -37,7 +40,8 @@ def embed_batch(conn: Connection, encoder: Encoder, *, batch_size: int) -> int:
                 [to_halfvec(v) for v in vectors],
             ),
         )
-        return cur.rowcount
+    EMBEDDER_ROWS.labels("embedded").inc(cur.rowcount)
+    return cur.rowcount
 
 
 def embed_pending(
@@ -62,7 +66,9 @@ def link_batch(conn: Connection, *, radius: float, neighbours: int, batch_size: 
             "SELECT obs.compute_prompt_neighbours(%s, %s, %s) AS n",
             (radius, neighbours, batch_size),
         ).fetchone()
-    return int(row["n"] if isinstance(row, dict) else row[0]) if row else 0
+    n = int(row["n"] if isinstance(row, dict) else row[0]) if row else 0
+    EMBEDDER_ROWS.labels("searched").inc(n)
+    return n
 
 
 def link_pending(conn: Connection, *, radius: float, neighbours: int, batch_size: int = 256) -> int:
@@ -71,6 +77,36 @@ def link_pending(conn: Connection, *, radius: float, neighbours: int, batch_size
     while n := link_batch(conn, radius=radius, neighbours=neighbours, batch_size=batch_size):
         total += n
     return total
+
+
+def link_parallel(
+    url: str, *, radius: float, neighbours: int, sessions: int, batch_size: int = 256
+) -> int:
+    """Drain the neighbour queue from `sessions` connections at once; returns the total.
+
+    Each session claims its own rows (FOR UPDATE SKIP LOCKED) and commits each batch; edges
+    are inserted in one global order, so sessions sharing an edge cannot deadlock. The HNSW
+    probes are CPU-bound in PostgreSQL: sessions up to the server's cores add throughput."""
+    done: list[int] = []
+    errors: list[BaseException] = []
+
+    def work() -> None:
+        try:
+            with connect(url, autocommit=True) as conn:
+                done.append(
+                    link_pending(conn, radius=radius, neighbours=neighbours, batch_size=batch_size)
+                )
+        except BaseException as exc:  # re-raised in the caller's thread
+            errors.append(exc)
+
+    threads = [threading.Thread(target=work, daemon=True) for _ in range(max(1, sessions))]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    if errors:
+        raise errors[0]
+    return sum(done)
 
 
 def embed_and_link(
