@@ -16,13 +16,16 @@ from dataclasses import dataclass, field
 from functools import lru_cache
 from typing import Any, Protocol
 
+import psycopg
+from psycopg.rows import dict_row
+
 from app.core.auth import ApiKey, hash_key
 from app.core.config import Settings
-from app.core.db import Pool, as_tenant
+from app.core.db import Connection, Pool, as_tenant
 from app.core.metrics import LOG_QUEUE_DEPTH
 from app.core.pseudonym import user_hash, user_secret
 from app.gateway.engines import EnginePool, EngineState
-from app.gateway.logwriter import LogWriter, WriteBatch
+from app.gateway.logwriter import LogWriter
 from app.gateway.table import RouteTable
 from app.logs import service as logs
 
@@ -63,6 +66,7 @@ class RouterRuntime:
     reconciler: Reconciler | None = None
     key_ttl: float = 5.0
     switch_interval: float | None = None  # the interpreter's value before start(), restored
+    sink: LogSink | None = None  # the log writer's sink (its connection is closed at stop)
     # key hash -> (fresh until, key); hashes being re-checked; when a failed re-check may be
     # tried again.
     _keys: dict[bytes, tuple[float, ApiKey]] = field(default_factory=dict)
@@ -135,21 +139,43 @@ class RouterRuntime:
         self._keys[digest] = (time.monotonic() + self.key_ttl, key)
 
 
-def write_batch_for(pool: Pool, settings: Settings) -> WriteBatch:
-    """A LogWriter sink: one transaction per tenant, idempotent by request_id."""
+class LogSink:
+    """The LogWriter's sink: one transaction per tenant, idempotent by request_id, over one
+    kept connection of its own. Taking a pooled connection cost the pool's liveness check (a
+    round trip) and checkout on every batch, and at low rates every call is a batch of its
+    own. A failed batch drops the connection; the writer's retry opens a new one."""
 
-    def write(batch: list[dict[str, Any]]) -> None:
+    def __init__(self, url: str, settings: Settings) -> None:
+        self.url = url
+        self.settings = settings
+        self._conn: Connection | None = None
+
+    def __call__(self, batch: list[dict[str, Any]]) -> None:
         by_tenant: dict[int, list[dict[str, Any]]] = defaultdict(list)
         for record in batch:
             rec = dict(record)
             by_tenant[int(rec.pop(TENANT_KEY))].append(rec)
-        with pool.connection() as conn:
+        conn = self._conn
+        if conn is None or conn.closed:
+            conn = self._conn = psycopg.connect(
+                self.url, row_factory=dict_row, application_name="cft-router-logs"
+            )
+        try:
             for tenant_id, records in by_tenant.items():
                 with conn.transaction():
                     as_tenant(conn, tenant_id)
-                    logs.log_records(conn, tenant_id=tenant_id, records=records, settings=settings)
+                    logs.log_records(
+                        conn, tenant_id=tenant_id, records=records, settings=self.settings
+                    )
+        except BaseException:
+            self.close()
+            raise
 
-    return write
+    def close(self) -> None:
+        """Close the kept connection (the next batch opens another)."""
+        conn, self._conn = self._conn, None
+        if conn is not None:
+            conn.close()
 
 
 def start(
@@ -173,7 +199,8 @@ def start(
     table.start()
     if running is not None:
         running.start()
-    writer = LogWriter(write_batch_for(pool, settings))
+    sink = LogSink(db_url, settings)
+    writer = LogWriter(sink)
     writer.start()
     LOG_QUEUE_DEPTH.set_function(lambda: writer.pending)
     runtime = RouterRuntime(
@@ -184,6 +211,7 @@ def start(
         reconciler=running,
         key_ttl=settings.router_key_cache_ttl,
         switch_interval=sys.getswitchinterval(),
+        sink=sink,
     )
     sys.setswitchinterval(min(SWITCH_INTERVAL, sys.getswitchinterval()))
     # Everything allocated so far (modules, app, settings) lives as long as the process: keep
@@ -195,6 +223,8 @@ def start(
 async def stop(runtime: RouterRuntime) -> None:
     """Flush the logs, stop listening and reconciling, close the engine client."""
     await runtime.writer.close()
+    if runtime.sink is not None:
+        await asyncio.to_thread(runtime.sink.close)
     runtime.table.stop()
     if runtime.reconciler is not None:
         await asyncio.to_thread(runtime.reconciler.stop)

@@ -3,9 +3,13 @@
 from __future__ import annotations
 
 import time
+import uuid
 
+import psycopg
 import pytest
 
+from app.core.config import get_settings
+from app.gateway.service import TENANT_KEY, LogSink
 from app.gateway.table import RouteTable, load_route
 from tests.support.factories import make_adapter, make_route, make_tenant
 
@@ -111,6 +115,35 @@ def test_notify_recaches_the_new_state_over_one_kept_connection(db_url, conn):
         assert table._reader is not None and table._reader.info.backend_pid != pid
     finally:
         table.stop()
+
+
+def test_log_sink_keeps_one_connection_and_replaces_a_dead_one(db_url, conn):
+    t = make_tenant(conn)
+    r = make_route(conn, tenant_id=t["id"])
+    sink = LogSink(db_url, get_settings())
+
+    def record() -> dict[str, object]:
+        rid = str(uuid.uuid4())
+        msgs = [{"role": "user", "content": "hi"}]
+        return {TENANT_KEY: t["id"], "request_id": rid, "route": r["name"], "messages": msgs}
+
+    try:
+        sink([record(), record()])
+        assert sink._conn is not None
+        pid = sink._conn.info.backend_pid
+        sink([record()])
+        assert sink._conn.info.backend_pid == pid  # kept, not one per batch
+        conn.execute("SELECT pg_terminate_backend(%s, 2000)", (pid,))
+        with pytest.raises(psycopg.OperationalError):
+            sink([record()])  # the writer retries a failed batch (idempotent by request_id)
+        last = record()
+        sink([last])  # a new connection
+        row = conn.execute(
+            "SELECT count(*) AS n FROM obs.inference_log WHERE tenant_id = %s", (t["id"],)
+        ).fetchone()
+        assert row["n"] == 4
+    finally:
+        sink.close()
 
 
 def test_route_table_converges_within_ttl_without_listener(db_url, conn):
