@@ -15,6 +15,7 @@ import sys
 from pathlib import Path
 
 from workers.trainer.base_cache import BaseCache
+from workers.trainer.launch import die_with_parent
 from workers.trainer.train import Progress, train_adapter
 
 
@@ -24,8 +25,23 @@ def _write_atomic(path: Path, data: object) -> None:
     tmp.replace(path)
 
 
+def _launched_by_accelerate() -> bool:
+    """Whether the parent is still the launch (else it died, and this rank was reparented)."""
+    proc = Path(f"/proc/{os.getppid()}/cmdline")
+    if not Path("/proc/self").exists():
+        return True  # no procfs: cannot tell
+    try:
+        cmd = proc.read_bytes()
+    except OSError:
+        return False
+    return b"accelerate" in cmd or b"torch" in cmd
+
+
 def main(argv: list[str] | None = None) -> int:
     """Train this rank's share of the run described by the spec file."""
+    die_with_parent()  # the launch died (its worker was killed): stop training at once
+    if not _launched_by_accelerate():
+        return 3  # the launch died before this rank could ask to die with it
     args = sys.argv[1:] if argv is None else argv
     spec = json.loads(Path(args[0]).read_text())
     rank = int(os.environ.get("RANK", "0"))

@@ -78,6 +78,28 @@ def choose_strategy(
     return "ddp"
 
 
+def _libc() -> Any:
+    import ctypes
+
+    try:
+        return ctypes.CDLL("libc.so.6", use_errno=True)
+    except OSError:
+        return None
+
+
+_LIBC = _libc()  # resolved before any fork: the child only makes the call
+
+
+def die_with_parent() -> None:
+    """Ask Linux to SIGKILL this process when its parent dies (no-op elsewhere).
+
+    The launch gets it from the worker, each rank from the launch: a worker killed mid-run (by
+    its supervisor after the stop grace, or SIGKILL) leaves no rank training on its GPUs.
+    """
+    if _LIBC is not None:
+        _LIBC.prctl(1, signal.SIGKILL, 0, 0, 0)  # 1: PR_SET_PDEATHSIG
+
+
 def _free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
@@ -198,7 +220,12 @@ def train_distributed(
     env = os.environ | {"TRL_EXPERIMENTAL_SILENCE": "1", "PYTHONUNBUFFERED": "1"}
     with log_path.open("wb") as out:
         proc = subprocess.Popen(
-            cmd, stdout=out, stderr=subprocess.STDOUT, env=env, start_new_session=True
+            cmd,
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            env=env,
+            start_new_session=True,
+            preexec_fn=die_with_parent,
         )
         seen = 0.0
         try:
