@@ -137,6 +137,22 @@ SELECT q.id, q.tenant_id, q.route, q.method, q.priority, q.gpus, q.min_gpu_memor
        AND (q.min_gpu_memory_gb IS NULL OR q.min_gpu_memory_gb <= a.gpu_memory_gb)
        AND (q.device_kind IS NULL OR q.device_kind = a.device_kind)) fit
  WHERE q.status = 'queued' AND NOT q.cancel_requested;
+
+COMMENT ON COLUMN train.training_run.gpus IS
+  'Devices the run trains on at once; more than 1 runs through accelerate launch (DDP or FSDP) on one worker holding that many.';
+COMMENT ON COLUMN train.training_run.min_gpu_memory_gb IS
+  'Least memory of each GPU the run needs, in GiB as torch reports it (NULL: any).';
+COMMENT ON COLUMN train.training_run.device_kind IS
+  'cuda or cpu: the kind of device the run needs (NULL: any).';
+COMMENT ON COLUMN train.training_run.host IS 'Host of the worker that (last) claimed the run.';
+COMMENT ON COLUMN train.training_run.devices IS
+  'That worker''s devices: CUDA indices (0,1) or cpu slots (cpu+cpu).';
+COMMENT ON TABLE train.training_worker IS
+  'Trainer workers as last seen by a claim: capacity (devices, memory of the smallest GPU, kind) and liveness.';
+COMMENT ON FUNCTION train.claim_training_run(text, interval, int, real, text, text, text) IS
+  'Claim one runnable run that a worker of this capacity can serve (FOR UPDATE SKIP LOCKED), or none.';
+COMMENT ON VIEW train.training_run_wait IS
+  'Every queued run with why it waits: no live worker, which need no live worker meets, or all able workers busy.';
 """
 DOWNGRADE_SQL = r"""
 DROP VIEW train.training_run_wait;

@@ -146,6 +146,13 @@ SELECT q.id, q.tenant_id, q.route, q.method, q.priority, q.gpus, q.min_gpu_memor
        AND (q.device_kind IS NULL OR q.device_kind = a.device_kind)) fit
  WHERE q.status = 'queued' AND NOT q.cancel_requested;
 
+COMMENT ON TABLE train.training_worker IS
+  'Trainer workers as last seen by a claim: capacity (devices, memory of the smallest GPU, kind) and liveness.';
+COMMENT ON FUNCTION train.claim_training_run(text, interval, int, real, text, text, text) IS
+  'Claim one runnable run that a worker of this capacity can serve (FOR UPDATE SKIP LOCKED), or none.';
+COMMENT ON VIEW train.training_run_wait IS
+  'Every queued run with why it waits: no live worker, which need no live worker meets, or all able workers busy.';
+
 -- Renew a lease. Returns cancel_requested (true: stop), or NULL when the run is no longer
 -- this worker's (reclaimed by another, or finished): the caller must stop either way.
 CREATE OR REPLACE FUNCTION train.heartbeat_training_run(

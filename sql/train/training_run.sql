@@ -34,3 +34,12 @@ CREATE TABLE train.training_run (
 );
 CREATE INDEX training_run_queue_idx ON train.training_run (priority DESC, created_at)
   WHERE status IN ('queued', 'running');
+COMMENT ON COLUMN train.training_run.gpus IS
+  'Devices the run trains on at once; more than 1 runs through accelerate launch (DDP or FSDP) on one worker holding that many.';
+COMMENT ON COLUMN train.training_run.min_gpu_memory_gb IS
+  'Least memory of each GPU the run needs, in GiB as torch reports it (NULL: any).';
+COMMENT ON COLUMN train.training_run.device_kind IS
+  'cuda or cpu: the kind of device the run needs (NULL: any).';
+COMMENT ON COLUMN train.training_run.host IS 'Host of the worker that (last) claimed the run.';
+COMMENT ON COLUMN train.training_run.devices IS
+  'That worker''s devices: CUDA indices (0,1) or cpu slots (cpu+cpu).';
