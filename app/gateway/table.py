@@ -1,14 +1,15 @@
 """The router's view of serve.adapter: a TTL cache invalidated at once by NOTIFY cft_adapter.
 
-On a NOTIFY the listener drops the route and reads it again at once, so a promotion is cached
-before the next call needs it (that call would otherwise read it itself). Reads go over one
-kept connection (a new one costs 10-30 ms on a busy machine: most of what promotion to routing
-took; BENCHMARKS.md, "Router against LiteLLM (issue 26)").
+On a NOTIFY the listener drops the route and a reload thread reads it again at once, so a
+promotion is cached before the next call needs it (that call would otherwise read it itself).
+Reads go over one kept connection (a new one costs 10-30 ms on a busy machine: most of what
+promotion to routing took; BENCHMARKS.md, "Router against LiteLLM (issue 26)").
 """
 
 from __future__ import annotations
 
 import logging
+import queue
 import threading
 import time
 from collections.abc import Callable
@@ -77,6 +78,10 @@ class RouteTable:
         # The kept connection for route reads (not the LISTEN one), one read at a time.
         self._reader: Connection | None = None
         self._reader_lock = threading.Lock()
+        # Routes a NOTIFY dropped, re-read by a thread of their own (the listener never
+        # waits for a read: the next NOTIFY is handled at once). None stops that thread.
+        self._reloads: queue.SimpleQueue[str | None] = queue.SimpleQueue()
+        self._reloader: threading.Thread | None = None
 
     def peek(self, name: str) -> tuple[bool, RouteState | None]:
         """(True, state) when the route is cached and fresh; never touches the database."""
@@ -181,6 +186,10 @@ class RouteTable:
             except Exception:
                 log.debug("closing the route reader connection failed", exc_info=True)
 
+    def _reload_forever(self) -> None:
+        while (name := self._reloads.get()) is not None:
+            self.reload(name)
+
     def reload(self, name: str) -> None:
         """Read a route again now and cache it (after a NOTIFY dropped it); on failure it
         stays uncached and the next call reads it."""
@@ -213,6 +222,10 @@ class RouteTable:
 
     def start(self) -> None:
         """Start the LISTEN thread (reconnects with backoff; the TTL covers the gaps)."""
+        self._reloader = threading.Thread(
+            target=self._reload_forever, name="cft-route-reload", daemon=True
+        )
+        self._reloader.start()
         self._listener = threading.Thread(
             target=self._listen, name="cft-route-listener", daemon=True
         )
@@ -229,6 +242,9 @@ class RouteTable:
                 log.debug("cancel of listener connection failed", exc_info=True)
         if self._listener:
             self._listener.join(timeout=5)
+        if self._reloader:
+            self._reloads.put(None)
+            self._reloader.join(timeout=5)
         with self._reader_lock:
             self._close_reader()
 
@@ -249,9 +265,8 @@ class RouteTable:
                         names = [n.payload for n in conn.notifies(timeout=1.0, stop_after=1)]
                         for name in dict.fromkeys(names):
                             self.invalidate(name)
-                        for name in dict.fromkeys(names):
                             if name:
-                                self.reload(name)
+                                self._reloads.put(name)
             except psycopg.Error:
                 self.listening.clear()
                 if self._stop.is_set():
