@@ -20,9 +20,18 @@ Two measurements per concurrency C:
 - closed loop: C clients send back to back; gives the maximum requests/s.
 Added latency = percentile(router) - percentile(direct).
 
+With --litellm (issue 26) a third side joins the same alternating slices: LiteLLM's proxy
+(`litellm --config cfg.yaml --num_workers 1`, master key, no database, `model_list` pointing at
+the same stub), installed by this bench into its own virtual environment under bench/.peers/
+(git-ignored; `pip install 'litellm[proxy]'`, ~2 min the first time, never into cft's deps).
+Its CPU per call is the CPU time of its whole process tree. LiteLLM saturates near 35 req/s
+on 2 cores: at higher offered loads a client stops at the end of its slice, the sends it had
+no time for are counted as "unsent", and latency (from the scheduled time) shows the queue.
+
 Usage: python bench/router.py [--seconds 10] [--slices 4] [--open 1x100,50x10,200x2.5]
-       [--closed 1,50,200] [--no-pin] [--client-costs]
+       [--closed 1,50,200] [--no-pin] [--client-costs] [--litellm]
 (--client-costs also times one call of httpx, aiohttp and the raw protocol against the stub.)
+Issue 26's run: python bench/router.py --litellm --open 1x10,3x10,50x10 --closed ''
 """
 
 from __future__ import annotations
@@ -53,6 +62,9 @@ from app.core import auth, embedded  # noqa: E402
 from app.core.db import migrate  # noqa: E402
 
 BASE = "smollm2-135m-instruct"
+PEERS = ROOT / "bench" / ".peers"
+LITELLM_VENV = PEERS / "litellm-venv"
+LITELLM_KEY = "sk-bench-litellm-master"
 N_ADAPTERS = 300  # names the stub reports as loaded: bench-v0 .. bench-v299
 PATH = "/v1/chat/completions"
 
@@ -146,14 +158,44 @@ def uvicorn_cmd(port: int, *target: str) -> list[str]:
     ]
 
 
-class Stack:
-    """Embedded PostgreSQL + stub backend + cft router, each in its own process."""
+def litellm_bin() -> Path:
+    """LiteLLM's CLI in its own venv under bench/.peers/ (installed on first use)."""
+    exe = LITELLM_VENV / "bin" / "litellm"
+    if exe.exists():
+        return exe
+    print(f"installing litellm[proxy] into {LITELLM_VENV} (once, ~2 min)", flush=True)
+    PEERS.mkdir(parents=True, exist_ok=True)
+    subprocess.run([sys.executable, "-m", "venv", str(LITELLM_VENV)], check=True)
+    pip = [str(LITELLM_VENV / "bin" / "pip"), "install", "-q", "litellm[proxy]"]
+    subprocess.run(pip, check=True)
+    return exe
 
-    def __init__(self, server_cpus: set[int] | None = None) -> None:
+
+def litellm_version() -> str:
+    out = subprocess.run(
+        [
+            str(LITELLM_VENV / "bin" / "python"),
+            "-c",
+            "import importlib.metadata as m;print(m.version('litellm'))",
+        ],
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    return out.stdout.strip() or "?"
+
+
+class Stack:
+    """Embedded PostgreSQL + stub backend + cft router (+ LiteLLM), each in its own process."""
+
+    def __init__(self, server_cpus: set[int] | None = None, *, litellm: bool = False) -> None:
         self.tmp = Path(tempfile.mkdtemp(prefix="cft-bench-router-"))
         self.pgdata = self.tmp / "pg"
         self.procs: list[subprocess.Popen[bytes]] = []
         self.server_cpus = server_cpus
+        self.litellm = litellm
+        self.litellm_proc: subprocess.Popen[bytes] | None = None
+        self.litellm_port = 0
 
     def _spawn(self, cmd: list[str], **kw: Any) -> subprocess.Popen[bytes]:
         proc = subprocess.Popen(cmd, **kw)
@@ -203,7 +245,51 @@ class Stack:
         )
         self.api = f"http://127.0.0.1:{self.api_port}"
         wait_ready(self.api + "/healthz")
+        if self.litellm:
+            self._start_litellm()
         return self
+
+    def _start_litellm(self) -> None:
+        exe = litellm_bin()
+        self.litellm_port = free_port()
+        cfg = self.tmp / "litellm.yaml"
+        cfg.write_text(
+            "model_list:\n"
+            "  - model_name: support-es\n"
+            "    litellm_params:\n"
+            f"      model: openai/{BASE}\n"
+            f"      api_base: {self.stub}/v1\n"
+            "      api_key: sk-stub\n"
+            "litellm_settings:\n"
+            "  telemetry: false\n"
+            "general_settings:\n"
+            f"  master_key: {LITELLM_KEY}\n"
+        )
+        env = os.environ | {"LITELLM_LOG": "ERROR", "NO_DOCS": "True"}
+        env.pop("DATABASE_URL", None)
+        log = (self.tmp / "litellm.log").open("wb")
+        self.litellm_proc = self._spawn(
+            [
+                str(exe),
+                "--config",
+                str(cfg),
+                "--host",
+                "127.0.0.1",
+                "--port",
+                str(self.litellm_port),
+                "--num_workers",
+                "1",
+            ],
+            env=env,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            cwd=self.tmp,
+        )
+        try:
+            wait_ready(f"http://127.0.0.1:{self.litellm_port}/health/liveliness", timeout=180)
+        except RuntimeError:
+            print((self.tmp / "litellm.log").read_text()[-3000:], file=sys.stderr)
+            raise
 
     def __exit__(self, *exc: object) -> None:
         for p in self.procs:
@@ -265,9 +351,19 @@ TICK = os.sysconf("SC_CLK_TCK")
 
 
 def cpu_seconds(pid: int) -> float:
-    """User + system CPU time of a process (all its threads) so far."""
-    fields = Path(f"/proc/{pid}/stat").read_text().rpartition(")")[2].split()
-    return (int(fields[11]) + int(fields[12])) / TICK
+    """User + system CPU time of a process (all its threads) and its live children so far."""
+    total = 0.0
+    todo = [pid]
+    while todo:
+        p = todo.pop()
+        try:
+            fields = Path(f"/proc/{p}/stat").read_text().rpartition(")")[2].split()
+        except OSError:
+            continue
+        total += (int(fields[11]) + int(fields[12])) / TICK
+        for task in Path(f"/proc/{p}/task").glob("*/children"):
+            todo += [int(c) for c in task.read_text().split()]
+    return total
 
 
 @dataclass
@@ -276,12 +372,16 @@ class Result:
     seconds: float = 0.0
     late: int = 0  # sends that left more than 1 ms after their scheduled time
     cpu: float = 0.0  # CPU seconds the measured server process used meanwhile
+    unsent: int = 0  # scheduled sends still waiting for the previous answer at the end
+    errors: int = 0  # answers other than 200
 
     def add(self, other: Result) -> None:
         self.lat += other.lat
         self.seconds += other.seconds
         self.late += other.late
         self.cpu += other.cpu
+        self.unsent += other.unsent
+        self.errors += other.errors
 
     @property
     def cpu_us(self) -> float:
@@ -326,12 +426,15 @@ async def run_load(
                 status = await conn.request(raw)
                 res.lat.append(clock() - t)
                 if status != 200:
-                    raise RuntimeError(f"status {status}")
+                    res.errors += 1
             return
         interval = 1.0 / rate
         due = start + random.uniform(0, interval)
         done = 0.0
         while due < stop:
+            if clock() >= stop:  # a saturated server: what is still due was never sent
+                res.unsent += int((stop - due) * rate) + 1
+                break
             wait = due - clock()
             if wait > 0:
                 await asyncio.sleep(wait)
@@ -344,7 +447,7 @@ async def run_load(
             done = clock()
             res.lat.append(done - sent)
             if status != 200:
-                raise RuntimeError(f"status {status}")
+                res.errors += 1
             due += interval
 
     await asyncio.gather(*(client(c, r) for c, r in zip(conns, reqs, strict=True)))
@@ -370,15 +473,34 @@ async def bench(st: Stack, args: argparse.Namespace) -> None:
     open_loads = [(int(c), float(r)) for c, r in (x.split("x") for x in args.open.split(","))]
     closed = [int(x) for x in args.closed.split(",")] if args.closed else []
     most = max([c for c, _ in open_loads] + closed)
-    targets = {}
-    for name, port, h, pid in (
+    sides: list[tuple[str, int, dict[str, str], int]] = [
         ("direct", st.stub_port, {}, st.stub_proc.pid),
         ("router", st.api_port, auth_h, st.api_proc.pid),
-    ):
+    ]
+    if st.litellm_proc is not None:
+        lite_h = {"authorization": f"Bearer {LITELLM_KEY}"}
+        sides.append(("litellm", st.litellm_port, lite_h, st.litellm_proc.pid))
+    targets = {}
+    for name, port, h, pid in sides:
         reqs = [raw_request(port, h | {"x-cft-user": f"u{i}"}) for i in range(most)]
         targets[name] = (port, reqs, pid)
-        await run_load(port, reqs, 2.0, None)  # warm-up: upstream pool, route and key caches
+        # warm-up: upstream pool, route and key caches (LiteLLM: its first calls import a lot)
+        await run_load(port, reqs[: min(most, 4)], 3.0 if name == "litellm" else 2.0, None)
     slices = args.slices
+    peers: list[tuple[int, str, dict[str, Result], str]] = []
+    # CPU each server burns with no traffic (cft's API process also runs the reconciler's
+    # passes beside the router): reported, and taken out of the "net" CPU per call.
+    idle: dict[str, float] = {}
+    if st.litellm_proc is not None:
+        cpu0 = {name: cpu_seconds(pid) for name, _, _, pid in sides}
+        await asyncio.sleep(args.idle_seconds)
+        idle = {
+            name: (cpu_seconds(pid) - cpu0[name]) / args.idle_seconds for name, _, _, pid in sides
+        }
+        print(
+            f"idle CPU over {args.idle_seconds:.0f} s: "
+            + ", ".join(f"{k} {v * 1000:.1f} ms/s" for k, v in idle.items())
+        )
 
     def head(title: str) -> None:
         print(f"\n{title}")
@@ -399,28 +521,64 @@ async def bench(st: Stack, args: argparse.Namespace) -> None:
             flush=True,
         )
 
+    async def measure(c: int, rate: float | None) -> dict[str, Result]:
+        total = {name: Result() for name, *_ in sides}
+        for _ in range(slices):
+            for name, *_ in sides:
+                port, reqs, pid = targets[name]
+                total[name].add(await run_load(port, reqs[:c], args.seconds / slices, rate, pid))
+        return total
+
     head(
         f"open loop: fixed offered rate, {args.seconds:.0f} s per side in {slices} alternating "
         "slices (latency from send)"
     )
     for c, rate in open_loads:
         before = load_str()
-        total = {"direct": Result(), "router": Result()}
-        for _ in range(slices):
-            for name in ("direct", "router"):
-                port, reqs, pid = targets[name]
-                total[name].add(await run_load(port, reqs[:c], args.seconds / slices, rate, pid))
+        total = await measure(c, rate)
         row(c, f"{c * rate:.0f}/s", total["direct"], total["router"], before)
+        peers.append((c, f"{c * rate:.0f}/s", total, before))
     if closed:
         head(f"closed loop: back to back, {args.seconds:.0f} s per side (max requests/s)")
     for c in closed:
         before = load_str()
-        total = {"direct": Result(), "router": Result()}
-        for _ in range(slices):
-            for name in ("direct", "router"):
-                port, reqs, pid = targets[name]
-                total[name].add(await run_load(port, reqs[:c], args.seconds / slices, None, pid))
+        total = await measure(c, None)
         row(c, "max", total["direct"], total["router"], before)
+        peers.append((c, "max", total, before))
+    if st.litellm_proc is not None:
+        peer_table(peers, idle)
+
+
+def net_us(r: Result, idle: float) -> float:
+    """CPU per call less the server's idle CPU over the same time."""
+    return (r.cpu - idle * r.seconds) / len(r.lat) * 1e6 if r.lat else 0.0
+
+
+def peer_table(
+    peers: list[tuple[int, str, dict[str, Result], str]], idle: dict[str, float]
+) -> None:
+    """cft against LiteLLM, from the same slices: added latency over direct and CPU per call."""
+    print(f"\ncft router against LiteLLM {litellm_version()} (same stub, same slices)")
+    print(
+        f"{'clients':>7} {'offered':>8} | {'cft added p50':>13} {'p99':>7} {'CPU/call':>8} "
+        f"{'net':>6} | {'LiteLLM req/s':>13} {'added p50':>10} {'p99':>9} {'CPU/call':>8} "
+        f"{'net':>6} {'unsent':>6} {'errors':>6} | {'CPU LiteLLM/cft':>15} {'net':>5} | "
+        "load avg before"
+    )
+    for c, offered, t, before in peers:
+        d, r, lt = t["direct"], t["router"], t["litellm"]
+        dp50, dp99 = pct(d.lat, 50), pct(d.lat, 99)
+        ra50, ra99 = pct(r.lat, 50) - dp50, pct(r.lat, 99) - dp99
+        la50, la99 = (pct(lt.lat, 50) - dp50, pct(lt.lat, 99) - dp99) if lt.lat else (0, 0)
+        ratio = lt.cpu_us / r.cpu_us if r.cpu_us else 0.0
+        rn, ln = net_us(r, idle.get("router", 0.0)), net_us(lt, idle.get("litellm", 0.0))
+        print(
+            f"{c:>7} {offered:>8} | {ra50:>11.2f}ms {ra99:>5.2f}ms {r.cpu_us:>6.0f}µs "
+            f"{rn:>4.0f}µs | {lt.rps:>13.1f} {la50:>8.2f}ms {la99:>7.2f}ms "
+            f"{lt.cpu_us / 1000:>6.1f}ms {ln / 1000:>4.1f}ms {lt.unsent:>6} {lt.errors:>6} | "
+            f"{ratio:>14.0f}x {ln / rn if rn > 0 else 0:>4.0f}x | {before[9:]}",
+            flush=True,
+        )
 
 
 async def client_costs(port: int, n: int = 3000) -> None:
@@ -491,11 +649,15 @@ def main() -> None:
     ap.add_argument(
         "--client-costs", action="store_true", help="also time httpx/aiohttp/raw calls to the stub"
     )
+    ap.add_argument(
+        "--litellm", action="store_true", help="also LiteLLM's proxy in the same slices"
+    )
+    ap.add_argument("--idle-seconds", type=float, default=5.0, help="idle CPU window (--litellm)")
     args = ap.parse_args()
     cpus = sorted(os.sched_getaffinity(0))
     pin = args.pin if args.pin is not None else len(cpus) >= 2
     gen_cpu, server_cpus = cpus[-1], set(cpus[:-1]) if pin else None
-    with Stack(server_cpus) as st:
+    with Stack(server_cpus, litellm=args.litellm) as st:
         if pin:
             os.sched_setaffinity(0, {gen_cpu})
         where = (
