@@ -6,6 +6,7 @@ Real bundled model, real PEFT adapters, real HTTP server; generations are kept s
 from __future__ import annotations
 
 import asyncio
+import shutil
 import time
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
@@ -29,22 +30,22 @@ pytestmark = pytest.mark.slow
 BASE = base_model.BUNDLED
 
 
-def mild_adapter(models_dir: Path, target: Path, seed: int) -> Path:
-    """A random adapter that changes the text but keeps it readable (near ties in the logits
-    make token-for-token equality a sharp test)."""
-    make_adapter_dir(models_dir, target, seed=seed)
+def scaled_copy(source: Path, target: Path, factor: float) -> Path:
+    """A copy of an adapter with lora_B scaled by factor (another adapter, no model load)."""
+    shutil.copytree(source, target)
     weights = target / "adapter_model.safetensors"
     tensors = load_file(weights)
-    save_file({k: v / 4 if "lora_B" in k else v for k, v in tensors.items()}, weights)
+    save_file({k: v * factor if "lora_B" in k else v for k, v in tensors.items()}, weights)
     return target
 
 
 @pytest.fixture(scope="module")
 def adapter_dirs(models_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
+    """Two random adapters that change the text but keep it readable (lora_B / 4 and -lora_B / 4
+    of the shared test adapter): near ties in the logits make token equality a sharp test."""
     root = tmp_path_factory.mktemp("batching-adapters")
-    return {
-        name: mild_adapter(models_dir, root / name, seed) for name, seed in (("a", 1), ("b", 2))
-    }
+    strong = make_adapter_dir(models_dir, root / "strong", seed=1)
+    return {"a": scaled_copy(strong, root / "a", 0.25), "b": scaled_copy(strong, root / "b", -0.25)}
 
 
 @pytest.fixture(scope="module")
@@ -114,10 +115,9 @@ def test_continuous_batch_equals_each_alone(engine: Engine) -> None:
         "bread",
         "why the sky is blue, for a child",
         "owls",
-        "a winter haiku",
     ]
-    models = [None, "a", "b", "a", None, "b"]
-    lengths = [8, 4, 10, 6, 9, 5]
+    models = [None, "a", "b", "a", "b"]
+    lengths = [7, 4, 8, 5, 6]
     specs = [
         (engine.chat_prompt_ids([{"role": "user", "content": f"Write about {t}."}]), m, n)
         for t, m, n in zip(topics, models, lengths, strict=True)
@@ -160,7 +160,7 @@ def test_http_streaming_and_stop_in_a_batch(engine: Engine) -> None:
             r = client.chat.completions.create(
                 model=model,
                 messages=msgs,
-                max_tokens=8,
+                max_tokens=6,
                 temperature=0,  # type: ignore[arg-type]
             )
             return r.choices[0].message.content or "", r.usage
@@ -170,7 +170,7 @@ def test_http_streaming_and_stop_in_a_batch(engine: Engine) -> None:
                 client.chat.completions.create(
                     model=model,
                     messages=msgs,  # type: ignore[arg-type]
-                    max_tokens=8,
+                    max_tokens=6,
                     temperature=0,
                     stream=True,
                     stream_options={"include_usage": True},
@@ -240,10 +240,10 @@ def test_unload_while_decoding_finishes_on_the_old_weights(
 ) -> None:
     prompt = engine.chat_prompt_ids([{"role": "user", "content": "Describe a quiet morning."}])
     engine.load_adapter("live", str(adapter_dirs["a"]))
-    alone = asyncio.run(Run(prompt, "live", 12)(engine))
+    alone = asyncio.run(Run(prompt, "live", 8)(engine))
 
     async def unload_midway() -> Run:
-        run = Run(prompt, "live", 12)
+        run = Run(prompt, "live", 8)
         task = asyncio.create_task(run(engine))
         while not (run.req and run.req.token_ids):
             await asyncio.sleep(0.005)
@@ -259,8 +259,8 @@ def test_unload_while_decoding_finishes_on_the_old_weights(
     while "live" in engine.resident and time.monotonic() < deadline:
         time.sleep(0.01)
     assert "live" not in engine.resident and not engine.retired  # freed once it finished
-    b_alone = asyncio.run(Run(prompt, "b", 6)(engine))
-    assert asyncio.run(Run(prompt, "live", 6)(engine)).tokens == b_alone.tokens
+    b_alone = asyncio.run(Run(prompt, "b", 4)(engine))
+    assert asyncio.run(Run(prompt, "live", 4)(engine)).tokens == b_alone.tokens
     engine.unload_adapter("live")
 
 
