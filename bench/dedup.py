@@ -7,9 +7,9 @@ neighbour search's rows/s (obs.compute_prompt_neighbours from 1 and from --sessi
 
 One fresh embedded PostgreSQL. The rows are ingested through the API without embeddings (as a
 product logs them); the embedder then embeds --model-rows of them with the bundled model and
---endpoint-rows through an endpoint. The endpoint is a local stub that answers at once (a
-deterministic vector per text), so its figure is the embedder's own ceiling: the database
-writes and HNSW inserts, without the model. Every embedded row is queued for the neighbour
+--endpoint-rows through an endpoint. The endpoint is a local stub (a deterministic vector per
+text, built in Python in this process), so its figure is the embedder without a model: the HTTP
+round trip, the database writes and the HNSW inserts (and the stub's own CPU on the same cores). Every embedded row is queued for the neighbour
 search; the first half of the queue is searched from one session, the rest from --sessions.
 """
 
@@ -155,7 +155,7 @@ def main() -> int:
         with connect(url, autocommit=True) as conn:
             for label, enc, n in (
                 ("embed: bundled all-MiniLM-L6-v2 (CPU)", model, args.model_rows),
-                ("embed: /v1/embeddings endpoint (instant stub)", endpoint, args.endpoint_rows),
+                ("embed: /v1/embeddings endpoint (local stub)", endpoint, args.endpoint_rows),
             ):
                 t = time.perf_counter()
                 done = embed_pending(conn, enc, batch_size=args.batch, limit=n)
