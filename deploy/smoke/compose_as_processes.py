@@ -154,7 +154,10 @@ class Stack:
         for key, value in svc.env.items():
             if key == "PATH":
                 continue
-            if value.startswith("/") and not value.startswith(self.base_model):
+            # A secret is never a path, though one may begin with "/" (moto's S3 secrets do,
+            # 1 in 64; mapping it as a container path made the stack's S3 calls fail to sign).
+            secret = any(word in key for word in ("SECRET", "PASSWORD", "TOKEN", "KEY"))
+            if value.startswith("/") and not secret and not value.startswith(self.base_model):
                 # The base model is a host folder every service mounts at the same path.
                 value = str(svc.host_path(value, self.workdir))
             env[key] = self._net(value)
@@ -635,7 +638,14 @@ def run_loop(stack: Stack, *, say: Say = print) -> dict[str, Any]:
     reply = _wait("a chat call served by the promoted adapter", served, 60, stack.alive)
     text = reply.json()["choices"][0]["message"]["content"]
     mark(f"prod: chat served by {reply.headers['x-cft-adapter']}: {text!r}")
-    logged = api.call("release", "GET", f"/v1/logs/{reply.headers['x-request-id']}").json()
+    # The router logs in batches after it answers (a 50 ms window): wait for the row.
+    rid = reply.headers["x-request-id"]
+
+    def log_row() -> dict[str, Any] | None:
+        r = api.call("release", "GET", f"/v1/logs/{rid}", ok=(200, 404))
+        return r.json() if r.status_code == 200 else None
+
+    logged = _wait("the router's log row of that call", log_row, 30, stack.alive)
     if logged.get("adapter_id") != adapter_id:
         raise SmokeError(f"the call was logged with adapter {logged.get('adapter_id')}")
 
