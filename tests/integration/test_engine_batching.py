@@ -240,17 +240,26 @@ def test_unload_while_decoding_finishes_on_the_old_weights(
 ) -> None:
     prompt = engine.chat_prompt_ids([{"role": "user", "content": "Describe a quiet morning."}])
     engine.load_adapter("live", str(adapter_dirs["a"]))
-    alone = asyncio.run(Run(prompt, "live", 8)(engine))
+    alone = asyncio.run(Run(prompt, "live", 24)(engine))
 
     async def unload_midway() -> Run:
-        run = Run(prompt, "live", 8)
+        run = Run(prompt, "live", 24)
         task = asyncio.create_task(run(engine))
         while not (run.req and run.req.token_ids):
             await asyncio.sleep(0.005)
-        await asyncio.to_thread(engine.unload_adapter, "live")
-        # Loaded again under the same name while the old one still decodes: its own PEFT key.
-        await asyncio.to_thread(engine.load_adapter, "live", str(adapter_dirs["b"]))
-        assert engine.adapters["live"].key != "live" and "live" in engine.retired
+
+        def swap() -> None:
+            # Under the model lock no decode step runs, so the request is still decoding with the
+            # old weights while the name is unloaded and loaded again (without it, a fast machine
+            # finished the request between the two calls).
+            with engine.model_lock:
+                assert run.req is not None and run.req.finish_reason is None
+                engine.unload_adapter("live")
+                # Loaded again under the same name while the old one still decodes: its own key.
+                engine.load_adapter("live", str(adapter_dirs["b"]))
+                assert engine.adapters["live"].key != "live" and "live" in engine.retired
+
+        await asyncio.to_thread(swap)
         return await task
 
     during = asyncio.run(unload_midway())

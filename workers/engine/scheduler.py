@@ -270,6 +270,9 @@ class ContinuousScheduler(Scheduler):
             try:
                 with engine.model_lock:
                     self._step()
+                # Let a waiting load or unload take the lock between steps: without a yield this
+                # thread takes it straight back and an adapter change waits for the whole batch.
+                time.sleep(0)
             except Exception as e:  # the step fails, the engine keeps serving
                 log.exception("decode step failed")
                 with engine.model_lock:
