@@ -7,7 +7,7 @@ skipped and counted. A chat span becomes one obs.inference_log record (the field
 POST /v1/logs, validated by the same code):
 
 - request_id: `cft.request_id` if the app set it, else derived from the trace and span ids
-  (`cft_sdk.span_request_id`), so a re-exported span lands once;
+  (`cft_sdk.ids.span_request_id`, one rule for both sides), so a re-exported span lands once;
 - route: span attribute `cft.route`, else resource attribute `cft.route`, else the exporter's
   `X-Cft-Route` header; a span with none is rejected;
 - model: `gen_ai.response.model`, else `gen_ai.request.model`; adapter_id: `cft.adapter_id`;
@@ -28,7 +28,6 @@ POST /v1/logs, validated by the same code):
 from __future__ import annotations
 
 import base64
-import uuid
 import zlib
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
@@ -51,10 +50,8 @@ from app.core.db import Connection
 from app.core.errors import BadRequest, PayloadTooLarge
 from app.core.metrics import REGISTRY
 from app.logs import service as logs
+from cft_sdk.ids import span_request_id  # the one rule: the SDK derives the same ids
 
-# The namespace of request ids derived from spans; cft_sdk.ids.span_request_id computes the
-# same ids on the app's side (the production image does not ship cft_sdk; a test pins both).
-OTEL_NAMESPACE = uuid.UUID("6f0d6c43-1c0e-5f55-9a8e-2e1f0c7d3b10")
 PROTOBUF = "application/x-protobuf"
 JSON = "application/json"
 CHAT_OPERATIONS = frozenset({"chat", "text_completion"})
@@ -104,11 +101,6 @@ class Outcome:
 
 
 # Decoding --------------------------------------------------------------------------------
-
-
-def span_request_id(trace_id: bytes, span_id: bytes) -> str:
-    """The request id of a span's row: uuid5 of its hex trace and span ids."""
-    return str(uuid.uuid5(OTEL_NAMESPACE, f"{trace_id.hex()}-{span_id.hex()}"))
 
 
 def decompress(body: bytes, encoding: str | None, *, max_bytes: int) -> bytes:
