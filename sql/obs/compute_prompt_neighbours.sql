@@ -1,8 +1,9 @@
 -- Search the neighbours of up to p_limit queued rows (obs.prompt_neighbour_scan, radius NULL):
 -- for each, its p_neighbours nearest prompts of the same tenant and route through the HNSW
--- index (pgvector 0.8 iterative scan, so the tenant/route filter still yields k rows), keep
--- those within p_radius as edges, mark the row searched and store its prompt hash. One
--- statement per batch; returns how many rows were marked.
+-- index of obs.prompt_embedding (one search per row over narrow rows, not one per weekly
+-- partition of the log; pgvector 0.8 iterative scan, so the tenant/route filter still yields
+-- k rows), keep those within p_radius as edges, mark the row searched and store its prompt
+-- hash. One statement per batch; returns how many rows were marked.
 --
 -- Run it after the embeddings are committed: of two rows embedded concurrently, the one whose
 -- search starts later sees the other, so every pair is found by at least one end. A crash
@@ -42,16 +43,17 @@ BEGIN
      ORDER BY s.created_at DESC  -- newest first, like the embedder: the next snapshot needs them
      LIMIT p_limit
        FOR UPDATE SKIP LOCKED
-  ), q AS MATERIALIZED (
-    SELECT c.log_id, c.created_at, l.tenant_id, l.route, l.embedding, l.messages
+  ), q AS MATERIALIZED (  -- the log row for its messages (the hash) and to see it still exists
+    SELECT c.log_id, c.created_at, l.tenant_id, l.route, e.embedding, l.messages
       FROM claimed c
       LEFT JOIN obs.inference_log l ON l.id = c.log_id AND l.created_at = c.created_at
+      LEFT JOIN obs.prompt_embedding e ON e.log_id = c.log_id AND e.created_at = c.created_at
   ), near AS (
     SELECT q.tenant_id, q.route, q.log_id, q.created_at, nb.id AS n_id,
            nb.created_at AS n_created_at, nb.dist
       FROM q CROSS JOIN LATERAL (
-        SELECT n.id, n.created_at, n.embedding <=> q.embedding AS dist
-          FROM obs.inference_log n
+        SELECT n.log_id AS id, n.created_at, n.embedding <=> q.embedding AS dist
+          FROM obs.prompt_embedding n
          WHERE n.tenant_id = q.tenant_id AND n.route = q.route
          ORDER BY n.embedding <=> q.embedding
          LIMIT p_neighbours + 1) nb   -- + 1: the row itself comes back too

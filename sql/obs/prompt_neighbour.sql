@@ -4,10 +4,12 @@
 -- neighbours not searched yet" (the embedder's queue); otherwise the row's k nearest prompts of
 -- the same tenant and route within `radius` cosine distance are in obs.prompt_neighbour, and
 -- prompt_hash holds train.prompt_hash(messages), so a snapshot need not recompute it.
+-- obs.prompt_embedding: the same rows' embeddings, copied from the log, with one HNSW index:
+-- the search's own index (obs.compute_prompt_neighbours).
 -- obs.prompt_neighbour: one row per undirected edge, the older end (created_at, id) first.
--- Both carry (id, created_at), the log's partitioned primary key. Rows hold ids, a distance
--- and a hash, no text; deleting log rows through obs.inference_log deletes them too.
-
+-- All carry (id, created_at), the log's partitioned primary key. Rows hold ids, a distance,
+-- a hash and the embedding, no text; deleting log rows through obs.inference_log deletes them
+-- too.
 CREATE TABLE obs.prompt_neighbour_scan (
   log_id         bigint NOT NULL,
   created_at     timestamptz NOT NULL,
@@ -27,6 +29,29 @@ CREATE INDEX prompt_neighbour_scan_route_idx
 COMMENT ON TABLE obs.prompt_neighbour_scan IS
   'Per embedded log row: neighbours searched (radius, k) or pending (radius NULL), prompt hash.';
 
+-- The search reads this instead of obs.inference_log: the log is partitioned by week with an
+-- HNSW index per partition, so a kNN over the log is one HNSW search per partition (3 at
+-- 110,000 rows, ~9 for a 60-day route) merged, with heap fetches of wide log rows; here it is
+-- one search over narrow rows. A table of its own, not a column of prompt_neighbour_scan:
+-- marking a row searched changes radius (the queue index's predicate), so that UPDATE is never
+-- HOT and would insert the row into the HNSW index again. Written only when an embedding is
+-- set or changes; the cascade removes it with its scan row (forget, prune, offboarding).
+-- ~0.8 KB of heap and ~1 KB of HNSW index per row at 384 dimensions (BENCHMARKS.md).
+CREATE TABLE obs.prompt_embedding (
+  log_id     bigint NOT NULL,
+  created_at timestamptz NOT NULL,
+  tenant_id  int NOT NULL,                -- the log row's, as the search filters on them
+  route      text NOT NULL,
+  embedding  halfvec(__EMBEDDING_DIM__) NOT NULL,
+  PRIMARY KEY (log_id, created_at),
+  FOREIGN KEY (log_id, created_at)
+    REFERENCES obs.prompt_neighbour_scan (log_id, created_at) ON DELETE CASCADE
+);
+CREATE INDEX prompt_embedding_embedding_idx
+  ON obs.prompt_embedding USING hnsw (embedding halfvec_cosine_ops);
+COMMENT ON TABLE obs.prompt_embedding IS
+  'Per embedded log row: its prompt embedding, for the near-duplicate search (one HNSW index).';
+
 CREATE TABLE obs.prompt_neighbour (
   tenant_id    int NOT NULL,
   route        text NOT NULL,
@@ -43,15 +68,24 @@ CREATE INDEX prompt_neighbour_route_idx
 COMMENT ON TABLE obs.prompt_neighbour IS
   'Near-duplicate prompts (same tenant and route, within the search radius), each pair once.';
 
--- A row that gets an embedding (the embedder's UPDATE, or a client that logs one) is queued.
+-- A row that gets an embedding (the embedder's UPDATE, or a client that logs one) is queued,
+-- and its embedding copied for the search; a changed embedding is searched again, a removed
+-- one leaves the search index (the row is then marked searched with no edges).
 CREATE OR REPLACE FUNCTION obs.prompt_neighbour_enqueue() RETURNS trigger
 LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, public AS $$
 BEGIN
+  IF NEW.embedding IS NULL THEN
+    DELETE FROM obs.prompt_embedding WHERE log_id = NEW.id AND created_at = NEW.created_at;
+    RETURN NULL;
+  END IF;
   INSERT INTO obs.prompt_neighbour_scan (log_id, created_at, tenant_id, route)
   VALUES (NEW.id, NEW.created_at, NEW.tenant_id, NEW.route)
   ON CONFLICT (log_id, created_at) DO UPDATE
     SET radius = NULL, max_neighbours = NULL, prompt_hash = NULL, scanned_at = NULL
     WHERE TG_OP = 'UPDATE';  -- a new embedding of an existing row: search again
+  INSERT INTO obs.prompt_embedding (log_id, created_at, tenant_id, route, embedding)
+  VALUES (NEW.id, NEW.created_at, NEW.tenant_id, NEW.route, NEW.embedding)
+  ON CONFLICT (log_id, created_at) DO UPDATE SET embedding = EXCLUDED.embedding;
   RETURN NULL;
 END
 $$;
@@ -62,10 +96,11 @@ CREATE TRIGGER inference_log_embedded
   EXECUTE FUNCTION obs.prompt_neighbour_enqueue();
 CREATE TRIGGER inference_log_reembedded
   AFTER UPDATE OF embedding ON obs.inference_log
-  FOR EACH ROW WHEN (NEW.embedding IS NOT NULL AND NEW.embedding IS DISTINCT FROM OLD.embedding)
+  FOR EACH ROW WHEN (NEW.embedding IS DISTINCT FROM OLD.embedding)
   EXECUTE FUNCTION obs.prompt_neighbour_enqueue();
 
--- Deleted log rows (forgetting a user) take their markers and edges with them. Dropped
+-- Deleted log rows (forgetting a user) take their markers, embeddings (by the cascade) and
+-- edges with them. Dropped
 -- partitions (retention) do not fire triggers: obs.prune_prompt_neighbours covers those.
 CREATE OR REPLACE FUNCTION obs.prompt_neighbour_forget() RETURNS trigger
 LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, public AS $$
@@ -82,7 +117,8 @@ CREATE TRIGGER inference_log_forget_neighbours
   AFTER DELETE ON obs.inference_log REFERENCING OLD TABLE AS old_rows
   FOR EACH STATEMENT EXECUTE FUNCTION obs.prompt_neighbour_forget();
 
--- Markers and edges of rows older than p_before (call after dropping old partitions).
+-- Markers, embeddings (by the cascade) and edges of rows older than p_before (call after
+-- dropping old partitions).
 CREATE OR REPLACE FUNCTION obs.prune_prompt_neighbours(p_before timestamptz)
 RETURNS bigint LANGUAGE sql SECURITY DEFINER SET search_path = pg_catalog, public AS $$
   WITH s AS (DELETE FROM obs.prompt_neighbour_scan WHERE created_at < p_before RETURNING 1),
@@ -93,6 +129,7 @@ $$;
 -- No text, but tenant data all the same: the usual isolation for anyone who is not the owner.
 ALTER TABLE obs.prompt_neighbour_scan ENABLE ROW LEVEL SECURITY;
 ALTER TABLE obs.prompt_neighbour ENABLE ROW LEVEL SECURITY;
+ALTER TABLE obs.prompt_embedding ENABLE ROW LEVEL SECURITY;  -- no policy, no grant: owner only
 CREATE POLICY tenant_isolation ON obs.prompt_neighbour_scan TO cft_app
   USING (tenant_id = auth.current_tenant_id());
 CREATE POLICY read_all ON obs.prompt_neighbour_scan FOR SELECT TO cft_dashboard USING (true);
