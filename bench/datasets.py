@@ -90,8 +90,13 @@ FLOOR_COLUMNS = {
     "dpo": "ids, created_ats, messages, chosen, rejected, rating",
 }
 
-# Rows that no candidate view can use (no thumbs, not regenerated, not edited).
-UNQUEUE_NON_CANDIDATES = """DELETE FROM obs.prompt_neighbour_scan s USING obs.inference_log l
+# Rows that no candidate view can use (no thumbs, not regenerated, not edited): taken off the
+# queue as "searched within radius 0" (a snapshot would still probe them live). Not deleted:
+# that would take their embeddings out of the search index (obs.prompt_embedding), and the
+# candidates' searches must still see them.
+UNQUEUE_NON_CANDIDATES = """UPDATE obs.prompt_neighbour_scan s SET radius = 0, max_neighbours = 0,
+       scanned_at = now()
+  FROM obs.inference_log l
  WHERE l.id = s.log_id AND l.created_at = s.created_at AND s.radius IS NULL
    AND coalesce(l.fb_explicit, 0) = 0 AND NOT coalesce(l.fb_regen, false)
    AND l.edited_completion IS NULL"""

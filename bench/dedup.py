@@ -4,6 +4,7 @@ neighbour search's rows/s (obs.compute_prompt_neighbours from 1 and from --sessi
 
     .venv/bin/python bench/dedup.py                  # 20,000 rows ingested
     .venv/bin/python bench/dedup.py --rows 100000 --model-rows 2000 --endpoint-rows 20000
+    .venv/bin/python bench/dedup.py --search-rows 100000 --skip-pipeline   # the search at scale
 
 One fresh embedded PostgreSQL. The rows are ingested through the API without embeddings (as a
 product logs them); the embedder then embeds --model-rows of them with the bundled model and
@@ -11,14 +12,27 @@ product logs them); the embedder then embeds --model-rows of them with the bundl
 text, built in Python in this process), so its figure is the embedder without a model: the HTTP
 round trip, the database writes and the HNSW inserts (and the stub's own CPU on the same cores). Every embedded row is queued for the neighbour
 search; the first half of the queue is searched from one session, the rest from --sessions.
+The endpoint's rows are embedded in alternating rounds with the enqueue trigger before migration
+20261211 (queue only) and now (queue + the copy into obs.prompt_embedding and its HNSW index).
+
+--search-rows N: the neighbour search at scale, before (the search over obs.inference_log, the
+function migration 20261211 replaced, installed here as bench_old.compute_prompt_neighbours)
+and now, on the same data: N rows of bench/datasets.py's synthetic traffic (+10% children) with
+random embeddings bulk-loaded in SQL (no model; both HNSW indexes built after the load), then
+alternating rounds of `BEGIN; SELECT fn(0.2, 10, --search-batch); ROLLBACK` from 1 and from
+--sessions sessions (each round searches the same newest queued rows), with the edges each
+found compared. --weekly gives the loaded rows weekly partitions first (the maintenance
+worker's obs.move_default_rows; without it, rows older than last week stay in DEFAULT).
 """
 
 from __future__ import annotations
 
 import argparse
 import hashlib
+import importlib.util
 import json
 import os
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -31,6 +45,7 @@ from typing import Any
 
 import httpx
 import psycopg
+from psycopg.rows import dict_row
 
 ROOT = Path(__file__).resolve().parents[1]
 # Not bench/ itself on the path: bench/datasets.py would hide the `datasets` package that
@@ -41,6 +56,8 @@ sys.path.insert(0, str(ROOT))
 from app.core import auth, embedded  # noqa: E402
 from app.core.config import Settings  # noqa: E402
 from app.core.db import connect, migrate  # noqa: E402
+from app.core.sqlfiles import render  # noqa: E402
+from bench.datasets import LOAD  # noqa: E402
 from bench.ingest import api_ingest, free_port  # noqa: E402
 from workers.embedder.metrics import backlog  # noqa: E402
 from workers.embedder.model import load_encoder  # noqa: E402
@@ -79,6 +96,47 @@ def make_records(n: int) -> list[dict[str, Any]]:
     ]
 
 
+# The SQL migration 20261211 replaced (its downgrade text): the "before" of the A/B rounds.
+MIGRATION = ROOT / "migrations" / "versions" / "20261211_neighbour_search_index.py"
+
+
+def _block(sql: str, start: str, end: str) -> str:
+    """The text from `start` through the first `end` after it."""
+    i = sql.index(start)
+    return sql[i : sql.index(end, i) + len(end)]
+
+
+def _before_20261211() -> str:
+    spec = importlib.util.spec_from_file_location("m20261211", MIGRATION)
+    assert spec is not None and spec.loader is not None
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return str(mod.DOWNGRADE_SQL)
+
+
+OLD_SQL = _before_20261211()
+# The search over obs.inference_log (one HNSW search per partition), under another name.
+OLD_SEARCH = _block(
+    OLD_SQL, "CREATE OR REPLACE FUNCTION obs.compute_prompt_neighbours(", "$fn$;\n"
+).replace("obs.compute_prompt_neighbours(", "bench_old.compute_prompt_neighbours(", 1)
+# The enqueue trigger's function: queue only (old), queue + copy of the embedding (now).
+ENQUEUE = "CREATE OR REPLACE FUNCTION obs.prompt_neighbour_enqueue()"
+OLD_ENQUEUE = _block(OLD_SQL, ENQUEUE, "$$;\n")
+NEW_ENQUEUE = _block(render("obs/prompt_neighbour.sql", embedding_dim=384), ENQUEUE, "$$;\n")
+# Rows embedded while the old trigger ran get their copy afterwards (the migration's backfill).
+BACKFILL = """INSERT INTO obs.prompt_embedding (log_id, created_at, tenant_id, route, embedding)
+SELECT s.log_id, s.created_at, s.tenant_id, s.route, l.embedding
+  FROM obs.prompt_neighbour_scan s
+  JOIN obs.inference_log l ON l.id = s.log_id AND l.created_at = s.created_at
+ WHERE l.embedding IS NOT NULL
+ON CONFLICT DO NOTHING"""
+SEARCH = {"before": "bench_old.compute_prompt_neighbours", "now": "obs.compute_prompt_neighbours"}
+
+
+def load_avg() -> str:
+    return "/".join(f"{x:.1f}" for x in os.getloadavg())
+
+
 class _StubEmbeddings(BaseHTTPRequestHandler):
     dim = 384
 
@@ -101,21 +159,226 @@ class _StubEmbeddings(BaseHTTPRequestHandler):
         pass
 
 
+def embed_rounds(
+    conn: Any, enc: Any, *, rows: int, rounds: int, batch: int
+) -> dict[str, tuple[int, float]]:
+    """Embed `rows` rows in 2 x rounds alternating rounds, the enqueue trigger as before
+    20261211 (queue only) and now (queue + copy + HNSW insert); returns (rows, s) per kind."""
+    out = {"now": (0, 0.0), "before": (0, 0.0)}
+    per = max(1, rows // (2 * rounds))
+    for r in range(rounds):
+        for kind in ("now", "before") if r % 2 == 0 else ("before", "now"):
+            conn.execute(NEW_ENQUEUE if kind == "now" else OLD_ENQUEUE)
+            t = time.perf_counter()
+            done = embed_pending(conn, enc, batch_size=batch, limit=per)
+            n, sec = out[kind]
+            out[kind] = (n + done, sec + time.perf_counter() - t)
+    conn.execute(NEW_ENQUEUE)
+    conn.execute(BACKFILL)
+    return out
+
+
+def load_search_scale(conn: Any, rows: int, *, weekly: bool) -> str:
+    """Bulk-load `rows` rows (+ children) with embeddings, then build both HNSW indexes."""
+    tenant = conn.execute(
+        "INSERT INTO tenant (name, consent_training) VALUES ('bench-search', true) RETURNING id"
+    ).fetchone()["id"]
+    conn.execute(
+        "INSERT INTO serve.route (name, tenant_id, base_model) VALUES ('bench-route', %s, 'm')",
+        (tenant,),
+    )
+    t = time.perf_counter()
+    conn.execute("DROP INDEX obs.inference_log_embedding_idx")
+    conn.execute("DROP INDEX obs.prompt_embedding_embedding_idx")
+    p = {"tenant": tenant, "route": "bench-route", "n": rows, "k": int(rows * 0.9)}
+    for statement in LOAD.split(";\n"):
+        if statement.strip():
+            conn.execute(statement, p)
+    if weekly:
+        conn.execute("SELECT obs.move_default_rows()")
+    loaded = time.perf_counter() - t
+    builds = []
+    for ddl in (
+        "CREATE INDEX inference_log_embedding_idx ON obs.inference_log"
+        " USING hnsw (embedding halfvec_cosine_ops)",
+        "CREATE INDEX prompt_embedding_embedding_idx ON obs.prompt_embedding"
+        " USING hnsw (embedding halfvec_cosine_ops)",
+    ):
+        t = time.perf_counter()
+        conn.execute(ddl)
+        builds.append(time.perf_counter() - t)
+    conn.execute(
+        "VACUUM ANALYZE obs.inference_log, obs.prompt_neighbour_scan, obs.prompt_embedding"
+    )
+    n = conn.execute("SELECT count(*) AS n FROM obs.prompt_embedding").fetchone()["n"]
+    parts = conn.execute(
+        "SELECT count(DISTINCT tableoid) AS n FROM obs.inference_log WHERE embedding IS NOT NULL"
+    ).fetchone()["n"]
+    size = conn.execute(
+        "SELECT pg_table_size('obs.prompt_embedding') AS heap,"
+        " pg_relation_size('obs.prompt_embedding_embedding_idx') AS hnsw,"
+        " pg_indexes_size('obs.prompt_embedding') AS idx"
+    ).fetchone()
+    return (
+        f"loaded {n} rows with embeddings in {loaded:.0f} s, in {parts} partitions of the log;"
+        f" HNSW builds: log {builds[0]:.0f} s, obs.prompt_embedding {builds[1]:.0f} s\n"
+        f"obs.prompt_embedding: heap {size['heap'] / n:.0f} B/row, HNSW {size['hnsw'] / n:.0f}"
+        f" B/row, all its indexes {size['idx'] / n:.0f} B/row"
+    )
+
+
+def search_round(url: str, fn: str, sessions: int, batch: int) -> tuple[int, float, set[Any]]:
+    """`sessions` concurrent `BEGIN; SELECT fn(0.2, 10, batch); ROLLBACK`: rows, wall s, edges."""
+    start, done = threading.Barrier(sessions), threading.Barrier(sessions)
+    marked: list[int] = []
+    spans: list[tuple[float, float]] = []
+    edges: set[Any] = set()
+    errors: list[BaseException] = []
+
+    def work() -> None:
+        try:
+            with psycopg.connect(url) as c:
+                start.wait()
+                t = time.perf_counter()
+                row = c.execute(f"SELECT {fn}(0.2, 10, %s)", (batch,)).fetchone()
+                spans.append((t, time.perf_counter()))
+                marked.append(int(row[0]) if row else 0)
+                edges.update(c.execute("SELECT a_id, b_id FROM obs.prompt_neighbour").fetchall())
+                done.wait()  # hold the claimed rows until every session has its own
+                c.rollback()
+        except BaseException as exc:
+            errors.append(exc)
+            start.abort()
+            done.abort()
+
+    threads = [threading.Thread(target=work, daemon=True) for _ in range(sessions)]
+    for th in threads:
+        th.start()
+    for th in threads:
+        th.join()
+    if errors:
+        raise errors[0]
+    return sum(marked), max(e for _, e in spans) - min(b for b, _ in spans), edges
+
+
+def exact_edges(conn: Any, batch: int, sample: int) -> tuple[list[int], set[Any]]:
+    """The exact (sequential-scan) edges of the `sample` newest queued rows: k = 10, r = 0.2."""
+    with conn.transaction():
+        conn.execute("SET LOCAL enable_indexscan = off")
+        conn.execute("SET LOCAL enable_bitmapscan = off")
+        rows = conn.execute(
+            """SELECT q.log_id AS q, nb.log_id AS n, q.created_at < nb.created_at
+                      OR (q.created_at = nb.created_at AND q.log_id < nb.log_id) AS older
+                 FROM (SELECT s.log_id, s.created_at FROM obs.prompt_neighbour_scan s
+                        WHERE s.radius IS NULL ORDER BY s.created_at DESC LIMIT %s) c
+                 JOIN obs.prompt_embedding q USING (log_id, created_at)
+                 CROSS JOIN LATERAL (
+                   SELECT n.log_id, n.created_at, n.embedding <=> q.embedding AS dist
+                     FROM obs.prompt_embedding n
+                    WHERE n.tenant_id = q.tenant_id AND n.route = q.route
+                    ORDER BY n.embedding <=> q.embedding LIMIT 11) nb
+                WHERE nb.dist < 0.2 AND nb.log_id <> q.log_id""",
+            (min(batch, sample),),
+        ).fetchall()
+        qs = conn.execute(
+            """SELECT log_id FROM obs.prompt_neighbour_scan WHERE radius IS NULL
+                ORDER BY created_at DESC LIMIT %s""",
+            (min(batch, sample),),
+        ).fetchall()
+    pairs = {(r["q"], r["n"]) if r["older"] else (r["n"], r["q"]) for r in rows}
+    return [r["log_id"] for r in qs], pairs
+
+
+def search_at_scale(url: str, args: argparse.Namespace) -> None:
+    """Before/after rows/s of the neighbour search on the same bulk-loaded data."""
+    with psycopg.connect(url, autocommit=True, row_factory=dict_row) as conn:
+        print(load_search_scale(conn, args.search_rows, weekly=args.weekly), flush=True)
+        conn.execute("CREATE SCHEMA IF NOT EXISTS bench_old")
+        conn.execute(OLD_SEARCH)
+        queued = conn.execute(
+            "SELECT count(*) AS n FROM obs.prompt_neighbour_scan WHERE radius IS NULL"
+        ).fetchone()["n"]
+        ids, exact = exact_edges(conn, args.search_batch, 100)
+    print(f"queued: {queued}; each round: the {args.search_batch} newest queued rows per session")
+    for fn in SEARCH.values():  # warm-up: both indexes in the cache
+        search_round(url, fn, 1, args.search_batch)
+    rates: dict[tuple[str, int], list[float]] = {}
+    found: dict[str, set[Any]] = {}
+    print(f"{'round':>5} {'search':>7} {'sessions':>8} {'rows':>6} {'s':>6} {'rows/s':>7}  load")
+    for r in range(args.search_rounds):
+        for kind in ("before", "now") if r % 2 == 0 else ("now", "before"):
+            for sessions in sorted({1, args.sessions}):
+                n, sec, edges = search_round(url, SEARCH[kind], sessions, args.search_batch)
+                rates.setdefault((kind, sessions), []).append(n / sec)
+                if sessions == 1:
+                    found[kind] = edges
+                print(
+                    f"{r + 1:>5} {kind:>7} {sessions:>8} {n:>6} {sec:>6.2f} {n / sec:>7.0f}"
+                    f"  {load_avg()}",
+                    flush=True,
+                )
+    for sessions in sorted({1, args.sessions}):
+        b = statistics.median(rates[("before", sessions)])
+        a = statistics.median(rates[("now", sessions)])
+        print(
+            f"median, {sessions} session(s): before {b:.0f} rows/s, now {a:.0f} rows/s: x{a / b:.2f}"
+        )
+    old, new = found["before"], found["now"]
+    print(
+        f"edges of one batch: before {len(old)}, now {len(new)}, both {len(old & new)},"
+        f" before only {len(old - new)}, now only {len(new - old)}"
+    )
+    for kind, edges in found.items():
+        mine = {e for e in edges if e[0] in ids or e[1] in ids}
+        hit = len(exact & mine)
+        print(
+            f"exact kNN edges of the {len(ids)} newest rows: {len(exact)}; found by {kind}:"
+            f" {hit} ({100 * hit / max(len(exact), 1):.1f}%)"
+        )
+
+
 def main() -> int:
     """Run the pipeline stages and print their rates side by side."""
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--rows", type=int, default=20_000, help="rows ingested through the API")
     ap.add_argument("--model-rows", type=int, default=1_000, help="rows embedded by the model")
-    ap.add_argument("--endpoint-rows", type=int, default=5_000, help="rows via the endpoint")
+    ap.add_argument("--endpoint-rows", type=int, default=6_000, help="rows via the endpoint")
+    ap.add_argument("--embed-rounds", type=int, default=3, help="endpoint rounds per trigger")
     ap.add_argument("--sessions", type=int, default=2, help="parallel neighbour-search sessions")
     ap.add_argument("--batch", type=int, default=256, help="embedder batch size")
+    ap.add_argument("--skip-pipeline", action="store_true", help="only --search-rows")
+    ap.add_argument("--search-rows", type=int, default=0, help="bulk rows for the search A/B")
+    ap.add_argument("--search-batch", type=int, default=500, help="rows per session per round")
+    ap.add_argument("--search-rounds", type=int, default=4, help="rounds per search version")
+    ap.add_argument("--weekly", action="store_true", help="weekly partitions for loaded rows")
     args = ap.parse_args()
 
     home = Path(tempfile.mkdtemp(prefix="cft-bench-dedup-"))
-    url = embedded.start(home / "pg", tuning={"max_connections": "100", "timezone": "UTC"})
-    env = os.environ | {"CFT_HOME": str(home), "CFT_DATABASE_URL": url}
+    url = embedded.start(
+        home / "pg",
+        tuning={
+            "max_connections": "100",
+            "timezone": "UTC",
+            # The HNSW builds of --search-rows (~1.2 KB a row must fit).
+            "maintenance_work_mem": "1GB",
+            "max_parallel_maintenance_workers": "2",
+        },
+    )
     os.environ["CFT_HOME"] = str(home)
-    migrate(url)
+    try:
+        migrate(url)
+        if not args.skip_pipeline:
+            pipeline(url, home, args)
+        if args.search_rows:
+            search_at_scale(url, args)
+    finally:
+        embedded.stop(home / "pg", mode="fast")
+    return 0
+
+
+def pipeline(url: str, home: Path, args: argparse.Namespace) -> None:
+    """Ingest through the API, embed (model, endpoint), search; print the rates."""
+    env = os.environ | {"CFT_HOME": str(home), "CFT_DATABASE_URL": url}
     with psycopg.connect(url, autocommit=True) as conn:
         tid = conn.execute("INSERT INTO tenant (name) VALUES ('bench') RETURNING id").fetchone()
         assert tid is not None
@@ -131,6 +394,7 @@ def main() -> int:
     stub = ThreadingHTTPServer(("127.0.0.1", 0), _StubEmbeddings)
     threading.Thread(target=stub.serve_forever, daemon=True).start()
     rates: dict[str, tuple[int, float]] = {}
+    loads: dict[str, str] = {}
     try:
         base = f"http://127.0.0.1:{port}"
         for _ in range(300):
@@ -140,10 +404,9 @@ def main() -> int:
             except httpx.HTTPError:
                 time.sleep(0.1)
         api_ingest(base, key, make_records(1_000), 500, 4)  # warm-up (embedded below too)
-        rates["ingest: POST /v1/logs (batches of 500, 4 clients)"] = (
-            args.rows,
-            api_ingest(base, key, make_records(args.rows), 500, 4),
-        )
+        label = "ingest: POST /v1/logs (batches of 500, 4 clients)"
+        rates[label] = (args.rows, api_ingest(base, key, make_records(args.rows), 500, 4))
+        loads[label] = load_avg()
         server.terminate()
         server.wait(timeout=30)
 
@@ -153,13 +416,18 @@ def main() -> int:
             Settings(home=home, embedding_url=f"http://127.0.0.1:{stub.server_port}")
         )
         with connect(url, autocommit=True) as conn:
-            for label, enc, n in (
-                ("embed: bundled all-MiniLM-L6-v2 (CPU)", model, args.model_rows),
-                ("embed: /v1/embeddings endpoint (local stub)", endpoint, args.endpoint_rows),
-            ):
-                t = time.perf_counter()
-                done = embed_pending(conn, enc, batch_size=args.batch, limit=n)
-                rates[label] = (done, time.perf_counter() - t)
+            label = "embed: bundled all-MiniLM-L6-v2 (CPU)"
+            t = time.perf_counter()
+            done = embed_pending(conn, model, batch_size=args.batch, limit=args.model_rows)
+            rates[label] = (done, time.perf_counter() - t)
+            loads[label] = load_avg()
+            ab = embed_rounds(
+                conn, endpoint, rows=args.endpoint_rows, rounds=args.embed_rounds, batch=args.batch
+            )
+            for kind, what in (("before", "queue only"), ("now", "+ search copy")):
+                label = f"embed: endpoint (local stub), {what} ({kind})"
+                rates[label] = ab[kind]
+                loads[label] = load_avg()
             queued = int(backlog(conn)["neighbours_rows"])
             t = time.perf_counter()
             one = 0
@@ -169,11 +437,14 @@ def main() -> int:
                     break
                 one += m
             rates["neighbour search: 1 session"] = (one, time.perf_counter() - t)
+            loads["neighbour search: 1 session"] = load_avg()
             t = time.perf_counter()
             rest = link_parallel(
                 url, radius=0.2, neighbours=10, sessions=args.sessions, batch_size=args.batch
             )
-            rates[f"neighbour search: {args.sessions} sessions"] = (rest, time.perf_counter() - t)
+            label = f"neighbour search: {args.sessions} sessions"
+            rates[label] = (rest, time.perf_counter() - t)
+            loads[label] = load_avg()
             left = backlog(conn)
             edges = conn.execute("SELECT count(*) AS n FROM obs.prompt_neighbour").fetchone()
             assert edges is not None
@@ -182,19 +453,20 @@ def main() -> int:
         if server.poll() is None:
             server.terminate()
             server.wait(timeout=30)
-        embedded.stop(home / "pg", mode="fast")
 
     ingest_rate = args.rows / rates["ingest: POST /v1/logs (batches of 500, 4 clients)"][1]
     print(f"machine: {os.cpu_count()} cores; log rows in the table: {args.rows + 1_000}")
-    print(f"{'stage':52} {'rows':>7} {'s':>7} {'rows/s':>8} {'/ ingest':>8}")
-    for label, (n, s) in rates.items():
-        rate = n / s if s else 0.0
-        print(f"{label:52} {n:>7} {s:>7.1f} {rate:>8,.0f} {rate / ingest_rate:>8.2f}")
+    print(f"{'stage':52} {'rows':>7} {'s':>7} {'rows/s':>8} {'/ ingest':>8}  load")
+    for label, (n, sec) in rates.items():
+        rate = n / sec if sec else 0.0
+        print(
+            f"{label:52} {n:>7} {sec:>7.1f} {rate:>8,.0f} {rate / ingest_rate:>8.2f}  {loads[label]}"
+        )
     print(
         f"edges stored: {edges['n']}; backlog left: {left['embedding_rows']:.0f} rows to embed,"
-        f" {left['neighbours_rows']:.0f} to search (the gauges cft_embedder_backlog_rows)"
+        f" {left['neighbours_rows']:.0f} to search (the gauges cft_embedder_backlog_rows)",
+        flush=True,
     )
-    return 0
 
 
 if __name__ == "__main__":
