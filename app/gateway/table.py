@@ -1,22 +1,33 @@
-"""The router's view of serve.adapter: a TTL cache invalidated at once by NOTIFY cft_adapter.
+"""The router's view of routes: a TTL cache kept current by NOTIFY cft_route.
 
-On a NOTIFY the listener drops the route and a reload thread reads it again at once, so a
-promotion is cached before the next call needs it (that call would otherwise read it itself).
-Reads go over one kept connection (a new one costs 10-30 ms on a busy machine: most of what
-promotion to routing took; BENCHMARKS.md, "Router against LiteLLM (issue 26)").
+Each commit that changes a route's serving state notifies cft_route with that state
+(sql/serve/route_state.sql). The listener caches it as it arrives, without a query, when the
+payload's snapshot sees the route's previous change (then nothing committed before it can be
+missing); otherwise it drops the route and a reload thread reads it over one kept connection,
+and a call that misses waits for that read. Every lookup first takes in what is already on the
+listener's socket, so once a NOTIFY has reached the router no new call gets the state before
+it. The TTL only covers a lost NOTIFY. Where the milliseconds went: BENCHMARKS.md,
+"Promotion COMMIT -> routed (item 5b)".
 """
 
 from __future__ import annotations
 
+import contextlib
+import json
 import logging
+import os
 import queue
+import select
 import threading
 import time
 from collections.abc import Callable
+from dataclasses import dataclass
+from datetime import datetime
 from decimal import Decimal
+from typing import Any
 
 import psycopg
-from psycopg.rows import dict_row
+from psycopg.rows import dict_row, tuple_row
 
 from app.core.db import Connection
 from app.core.errors import DB_UNAVAILABLE
@@ -25,40 +36,69 @@ from app.gateway.assign import Canary, RouteState
 
 log = logging.getLogger("cft.gateway")
 
-CHANNEL = "cft_adapter"
+CHANNEL = "cft_route"
 _HITS = ROUTE_CACHE.labels("hit")
+
+
+def state_from_json(doc: dict[str, Any]) -> RouteState:
+    """A RouteState from serve.route_state's JSON."""
+    return RouteState(
+        name=doc["name"],
+        tenant_id=int(doc["tenant_id"]),
+        base_model=doc["base_model"],
+        experiment=doc["experiment"],
+        prod=doc["prod"],
+        canaries=[
+            Canary(c["id"], Decimal(c["traffic_pct"]), datetime.fromisoformat(c["created_at"]))
+            for c in doc["canaries"]
+        ],
+    )
 
 
 def load_route(conn: Connection, name: str) -> RouteState | None:
     """Read one route's serving state (as the owner: routing spans tenants)."""
-    route = conn.execute(
-        "SELECT name, tenant_id, base_model, experiment FROM serve.route WHERE name = %s", (name,)
-    ).fetchone()
-    if route is None:
-        return None
-    rows = conn.execute(
-        "SELECT id, status, traffic_pct, created_at FROM serve.adapter"
-        " WHERE route = %s AND status IN ('prod', 'canary') ORDER BY created_at, id",
-        (name,),
-    ).fetchall()
-    prod = next((r["id"] for r in rows if r["status"] == "prod"), None)
-    canaries = [
-        Canary(r["id"], Decimal(r["traffic_pct"]), r["created_at"])
-        for r in rows
-        if r["status"] == "canary"
-    ]
-    return RouteState(
-        name=route["name"],
-        tenant_id=route["tenant_id"],
-        base_model=route["base_model"],
-        experiment=route["experiment"],
-        prod=prod,
-        canaries=canaries,
-    )
+    with conn.cursor(row_factory=tuple_row) as cur:
+        row = cur.execute("SELECT serve.route_state(%s)", (name,)).fetchone()
+    return None if row is None or row[0] is None else state_from_json(row[0])
+
+
+@dataclass(frozen=True)
+class Change:
+    """One NOTIFY cft_route: the route, and (when complete) its state as of snapshot."""
+
+    route: str
+    xid: int | None = None
+    snapshot: str | None = None
+    state: RouteState | None = None
+    complete: bool = False
+
+    @classmethod
+    def parse(cls, payload: str) -> Change:
+        """The payload of serve.notify_route_state; anything else names a route to read."""
+        try:
+            doc = json.loads(payload)
+            route = doc["route"]
+        except (ValueError, TypeError, KeyError):
+            return cls(payload)
+        if "state" not in doc:
+            return cls(route)  # too large for a NOTIFY: read it
+        state = None if doc["state"] is None else state_from_json(doc["state"])
+        return cls(route, int(doc["xid"]), doc["snapshot"], state, complete=True)
+
+    def sees(self, xid: int) -> bool:
+        """Whether this state's snapshot sees transaction xid (known to have committed)."""
+        if xid == self.xid:
+            return True  # the same transaction: its later state includes its earlier ones
+        if self.snapshot is None:
+            return False
+        xmin, xmax, running = self.snapshot.split(":")
+        if xid < int(xmin):
+            return True
+        return xid < int(xmax) and str(xid) not in running.split(",")
 
 
 class RouteTable:
-    """Routes cached for ttl seconds; a NOTIFY on cft_adapter drops the route at once."""
+    """Routes cached for ttl seconds; a NOTIFY on cft_route replaces (or drops) one at once."""
 
     def __init__(
         self, url: str, *, ttl: float = 5.0, on_change: Callable[[str], None] | None = None
@@ -71,8 +111,15 @@ class RouteTable:
         self._generation = 0
         self._stop = threading.Event()
         self._listener: threading.Thread | None = None
-        self._conn: Connection | None = None
         self.listening = threading.Event()
+        # The LISTEN connection; its notifications are taken in under _notify_lock, by the
+        # listener thread or by a lookup that finds them waiting (_catch_up).
+        self._conn: Connection | None = None
+        self._fd = -1
+        self._notify_lock = threading.Lock()
+        # Per route, the transaction of its last NOTIFY (absent: unknown, read the route).
+        self._last_xid: dict[str, int] = {}
+        self._wake: tuple[int, int] | None = None  # a pipe that wakes the listener to stop
         self._refreshing: set[str] = set()
         self._retry_at: dict[str, float] = {}
         # The kept connection for route reads (not the LISTEN one), one read at a time.
@@ -85,6 +132,7 @@ class RouteTable:
 
     def peek(self, name: str) -> tuple[bool, RouteState | None]:
         """(True, state) when the route is cached and fresh; never touches the database."""
+        self._catch_up()
         hit = self._cache.get(name)  # a dict read is atomic: no lock on the hot path
         if hit is not None and time.monotonic() - hit[0] < self.ttl:
             _HITS.inc()
@@ -97,9 +145,10 @@ class RouteTable:
 
         The TTL only covers a missed NOTIFY, and re-reading a route takes 10-30 ms (a new
         connection): without this, every call in that window waited for its own re-read,
-        every ttl seconds. A route dropped by NOTIFY is not cached at all, so a promotion,
-        canary change or rollback still reaches the next call at once (it reads the route).
+        every ttl seconds. A NOTIFY replaces the route's state (or drops it, and the next call
+        reads it), so a promotion, canary change or rollback still reaches the next call.
         """
+        self._catch_up()
         hit = self._cache.get(name)
         if hit is None:
             return False, None
@@ -200,6 +249,50 @@ class RouteTable:
         except psycopg.Error as exc:
             log.warning("route %s: re-read after NOTIFY failed (%s)", name, exc)
 
+    def _catch_up(self) -> None:
+        """Take in the notifications already on the listener's socket (or being taken in):
+        the listener thread may not have run yet (the GIL, the scheduler), and a call must
+        not be served the state that a NOTIFY in hand replaces. One poll(0) when none is."""
+        fd = self._fd
+        if fd < 0:
+            return
+        if not self._notify_lock.locked():
+            poller = select.poll()
+            poller.register(fd, select.POLLIN)
+            if not poller.poll(0):
+                return
+        # A lost connection: the listener thread sees it too, and reconnects.
+        with self._notify_lock, contextlib.suppress(psycopg.Error):
+            self._drain()
+
+    def _drain(self) -> None:
+        """Apply every notification received (hold _notify_lock)."""
+        conn = self._conn
+        if conn is None:
+            return
+        pgconn = conn.pgconn
+        pgconn.consume_input()
+        while (note := pgconn.notifies()) is not None:
+            self._on_notify(Change.parse(note.extra.decode("utf-8", "replace")))
+
+    def _on_notify(self, change: Change) -> None:
+        """Cache the state a NOTIFY carries, or drop the route and have it read."""
+        name = change.route
+        previous = self._last_xid.pop(name, None)
+        if change.xid is not None:
+            self._last_xid[name] = change.xid
+        if change.complete and previous is not None and change.sees(previous):
+            with self._lock:
+                self._generation += 1
+                self._cache[name] = (time.monotonic(), change.state)
+            if self.on_change:
+                self.on_change(name)
+        else:
+            # The first NOTIFY of this route since LISTEN (what came before is unknown), an
+            # older snapshot than the previous change, or no state in it: read the route.
+            self.invalidate(name)
+            self._reloads.put(name)
+
     def _store(self, name: str, generation: int, state: RouteState | None) -> None:
         with self._lock:
             # A NOTIFY that arrived during the read may describe a newer state: don't cache.
@@ -226,6 +319,7 @@ class RouteTable:
             target=self._reload_forever, name="cft-route-reload", daemon=True
         )
         self._reloader.start()
+        self._wake = os.pipe()
         self._listener = threading.Thread(
             target=self._listen, name="cft-route-listener", daemon=True
         )
@@ -234,12 +328,8 @@ class RouteTable:
     def stop(self) -> None:
         """Stop listening."""
         self._stop.set()
-        conn = self._conn
-        if conn is not None:
-            try:
-                conn.cancel_safe()
-            except Exception:
-                log.debug("cancel of listener connection failed", exc_info=True)
+        if self._wake is not None:
+            os.write(self._wake[1], b"x")
         if self._listener:
             self._listener.join(timeout=5)
         if self._reloader:
@@ -247,26 +337,19 @@ class RouteTable:
             self._reloader.join(timeout=5)
         with self._reader_lock:
             self._close_reader()
+        if self._wake is not None and not (self._listener and self._listener.is_alive()):
+            for fd in self._wake:
+                os.close(fd)
+            self._wake = None
 
     def _listen(self) -> None:
         backoff = 0.2
         while not self._stop.is_set():
             try:
                 with self._connection() as conn:
-                    self._conn = conn
                     conn.execute(f"LISTEN {CHANNEL}")
-                    # Anything may have changed while we were not listening.
-                    self.invalidate()
-                    self.listening.set()
+                    self._serve(conn)
                     backoff = 0.2
-                    while not self._stop.is_set():
-                        # stop_after=1: back from the generator (which holds the connection)
-                        # as soon as a packet of notifications is in.
-                        names = [n.payload for n in conn.notifies(timeout=1.0, stop_after=1)]
-                        for name in dict.fromkeys(names):
-                            self.invalidate(name)
-                            if name:
-                                self._reloads.put(name)
             except psycopg.Error:
                 self.listening.clear()
                 if self._stop.is_set():
@@ -274,5 +357,28 @@ class RouteTable:
                 log.warning("route listener lost its connection; retrying in %.1fs", backoff)
                 self._stop.wait(backoff)
                 backoff = min(backoff * 2, 5.0)
-            finally:
+
+    def _serve(self, conn: Connection) -> None:
+        """Take in notifications as they arrive until stop() (blocks on the socket: no
+        polling interval); raises psycopg.Error when the connection is lost."""
+        with self._notify_lock:
+            self._conn = conn
+            self._last_xid.clear()
+        try:
+            fd = conn.pgconn.socket
+            poller = select.poll()
+            poller.register(fd, select.POLLIN)
+            if self._wake is not None:
+                poller.register(self._wake[0], select.POLLIN)
+            self._fd = fd
+            # Anything may have changed while we were not listening.
+            self.invalidate()
+            self.listening.set()
+            while not self._stop.is_set():
+                poller.poll()
+                with self._notify_lock:
+                    self._drain()
+        finally:
+            self._fd = -1
+            with self._notify_lock:
                 self._conn = None

@@ -1,0 +1,130 @@
+"""NOTIFY cft_route carries a route's serving state at each commit that changes it (issue 26,
+item 5b), so a router applies a promotion without reading it back.
+
+* serve.route_state(route) -> jsonb: the state the router caches (prod, canaries in split
+  order, experiment); the router's reads use it too.
+* serve.notify_route_state(route): pg_notify('cft_route', {route, xid, snapshot, state}); the
+  route name alone above 7900 bytes.
+* Deferred constraint triggers on serve.adapter (insert, delete, a change of id, route, status,
+  traffic_pct or created_at) and serve.route (delete, a change of name, tenant_id, base_model or
+  experiment) send it at COMMIT. NOTIFY cft_adapter (the audit trigger) is unchanged.
+
+The downgrade drops them.
+
+Revision ID: 20261212
+Revises: 20261211
+"""
+
+from alembic import op
+
+revision = "20261212"
+down_revision = "20261211"
+branch_labels = None
+depends_on = None
+
+UPGRADE_SQL = r"""
+-- The state, defined once: the router's reads and the NOTIFY payload both come from here.
+-- NULL when there is no such route. Runs as the caller (the router's reads, or the owner in
+-- the trigger below). traffic_pct is text so that the router keeps it exact.
+CREATE OR REPLACE FUNCTION serve.route_state(p_route text) RETURNS jsonb
+LANGUAGE sql STABLE AS $$
+  SELECT jsonb_build_object(
+           'name', r.name, 'tenant_id', r.tenant_id, 'base_model', r.base_model,
+           'experiment', r.experiment,
+           'prod', (SELECT a.id FROM serve.adapter a WHERE a.route = r.name AND a.status = 'prod'
+                     ORDER BY a.created_at, a.id LIMIT 1),
+           'canaries', coalesce(
+             (SELECT jsonb_agg(jsonb_build_object('id', a.id, 'traffic_pct', a.traffic_pct::text,
+                                                  'created_at', a.created_at)
+                               ORDER BY a.created_at, a.id)
+                FROM serve.adapter a WHERE a.route = r.name AND a.status = 'canary'),
+             '[]'::jsonb))
+    FROM serve.route r WHERE r.name = p_route
+$$;
+COMMENT ON FUNCTION serve.route_state(text) IS
+  'A route''s serving state (prod, canaries in split order, experiment) as JSON; NULL if none.';
+
+-- NOTIFY cft_route with {"route", "xid", "snapshot", "state"}: the state as of the snapshot
+-- (one statement: the same snapshot for both), and this transaction's id. A router applies the
+-- state only when that snapshot sees the transaction of the route's previous NOTIFY: PostgreSQL
+-- delivers notifications in commit order, but a transaction of another isolation level, or one
+-- that committed between this state and this commit, may have been missed; then it reads the
+-- route instead. Above pg_notify's 8000 bytes (hundreds of canaries) the payload names the
+-- route alone, and routers read it.
+CREATE OR REPLACE FUNCTION serve.notify_route_state(p_route text) RETURNS void
+LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, public AS $$
+DECLARE
+  v_payload text;
+BEGIN
+  SELECT jsonb_build_object('route', p_route, 'xid', pg_current_xact_id()::text,
+                            'snapshot', pg_current_snapshot()::text,
+                            'state', serve.route_state(p_route))::text
+    INTO v_payload;
+  IF octet_length(v_payload) > 7900 THEN
+    v_payload := jsonb_build_object('route', p_route)::text;
+  END IF;
+  PERFORM pg_notify('cft_route', v_payload);
+END
+$$;
+REVOKE EXECUTE ON FUNCTION serve.notify_route_state(text) FROM PUBLIC;
+COMMENT ON FUNCTION serve.notify_route_state(text) IS
+  'NOTIFY cft_route with the route''s state, this transaction''s id and the state''s snapshot.';
+
+-- Deferred to COMMIT, so the payload is the transaction's final state, whatever it changed
+-- after this row (the previous prod demoted by a later statement, the route's experiment).
+CREATE OR REPLACE FUNCTION serve.adapter_route_notify() RETURNS trigger
+LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, public AS $$
+BEGIN
+  IF TG_OP = 'UPDATE' AND (OLD.id, OLD.route, OLD.status, OLD.traffic_pct, OLD.created_at)
+                          IS NOT DISTINCT FROM
+                          (NEW.id, NEW.route, NEW.status, NEW.traffic_pct, NEW.created_at) THEN
+    RETURN NULL;
+  END IF;
+  IF TG_OP <> 'INSERT' THEN
+    PERFORM serve.notify_route_state(OLD.route);
+  END IF;
+  IF TG_OP = 'INSERT' OR (TG_OP = 'UPDATE' AND NEW.route IS DISTINCT FROM OLD.route) THEN
+    PERFORM serve.notify_route_state(NEW.route);
+  END IF;
+  RETURN NULL;
+END
+$$;
+
+CREATE CONSTRAINT TRIGGER adapter_route_notify
+  AFTER INSERT OR DELETE OR UPDATE OF id, route, status, traffic_pct, created_at ON serve.adapter
+  DEFERRABLE INITIALLY DEFERRED
+  FOR EACH ROW EXECUTE FUNCTION serve.adapter_route_notify();
+
+CREATE OR REPLACE FUNCTION serve.route_notify() RETURNS trigger
+LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, public AS $$
+BEGIN
+  PERFORM serve.notify_route_state(OLD.name);
+  IF TG_OP = 'UPDATE' AND NEW.name IS DISTINCT FROM OLD.name THEN
+    PERFORM serve.notify_route_state(NEW.name);
+  END IF;
+  RETURN NULL;
+END
+$$;
+
+CREATE CONSTRAINT TRIGGER route_notify
+  AFTER DELETE OR UPDATE OF name, tenant_id, base_model, experiment ON serve.route
+  DEFERRABLE INITIALLY DEFERRED
+  FOR EACH ROW EXECUTE FUNCTION serve.route_notify();
+"""
+
+DOWNGRADE_SQL = r"""
+DROP TRIGGER route_notify ON serve.route;
+DROP TRIGGER adapter_route_notify ON serve.adapter;
+DROP FUNCTION serve.route_notify();
+DROP FUNCTION serve.adapter_route_notify();
+DROP FUNCTION serve.notify_route_state(text);
+DROP FUNCTION serve.route_state(text);
+"""
+
+
+def upgrade() -> None:
+    op.get_bind().connection.driver_connection.execute(UPGRADE_SQL)
+
+
+def downgrade() -> None:
+    op.get_bind().connection.driver_connection.execute(DOWNGRADE_SQL)
