@@ -55,13 +55,13 @@ def run(args: argparse.Namespace) -> int:
                 print(f"{what} {adapter_id} on {url}")
         for adapter_id, url, why in report.failed:
             print(f"FAILED {adapter_id} on {url}: {why}")
-        rec.client.close()
+        rec.close()
         return 1 if report.failed or report.engines_down else 0
 
     signal.signal(signal.SIGTERM, lambda *_: rec.request_stop())
     with contextlib.suppress(KeyboardInterrupt):
         rec.run_forever()
-    rec.client.close()
+    rec.close()
     return 0
 
 

@@ -16,14 +16,21 @@ verifies and stages the files there, records the deployment ('loaded' = staged a
 and tells the router which adapters it may name (EngineState.models / adapter_paths).
 
 Passes run on NOTIFY cft_adapter, when the gateway asks (an engine said 404), and every
-`interval` seconds. It runs inside the API process (a thread, started with the router runtime:
-see workers/api.py) or standalone as `cft worker reconcile` (workers/reconciler/cli.py).
+`interval` seconds. Between passes the thread blocks in select() on its one kept connection
+(which both LISTENs and runs the passes) and a wake-up socket for kick() and stop(): idle, it
+costs nothing (a 0.1 s poll and a connection per pass cost the API process 10-14 ms of CPU per
+second; BENCHMARKS.md, "Router against LiteLLM (issue 26)"). It runs inside the API process
+(a thread, started with the router runtime: see workers/api.py) or standalone as
+`cft worker reconcile` (workers/reconciler/cli.py).
 """
 
 from __future__ import annotations
 
+import contextlib
 import logging
+import select
 import shutil
+import socket
 import tempfile
 import threading
 import time
@@ -89,6 +96,13 @@ class Reconciler:
         self.client = httpx.Client(timeout=httpx.Timeout(10.0, read=300.0))
         self._kick = threading.Event()
         self._stop = threading.Event()
+        # kick() and stop() send a byte here to wake the loop out of select(). Socket objects,
+        # not raw pipe fds: a kick after close() raises instead of writing to a reused fd.
+        self._wake_r, self._wake_w = socket.socketpair()
+        self._wake_r.setblocking(False)
+        self._wake_w.setblocking(False)
+        # The one kept connection: LISTENs between passes and runs them (None when lost).
+        self._conn: Connection | None = None
         self._thread: threading.Thread | None = None
         self._failed_at: dict[tuple[str, str], float] = {}  # (adapter, engine)
         self.passes = 0
@@ -101,11 +115,12 @@ class Reconciler:
         """Reconcile every engine once."""
         report = PassReport()
         try:
-            with psycopg.connect(self.db_url, autocommit=True, row_factory=dict_row) as conn:
-                desired = self._desired(conn)
-                for engine in self.engines:
-                    self._reconcile_engine(conn, engine, desired, report)
+            conn = self._connection()
+            desired = self._desired(conn)
+            for engine in self.engines:
+                self._reconcile_engine(conn, engine, desired, report)
         except psycopg.Error as exc:
+            self._close_connection()  # the next pass (or the loop) opens another
             RECONCILER_ERRORS.labels("db").inc()
             log.warning("reconciler cannot read serve.adapter: %s", exc)
         self.passes += 1
@@ -323,9 +338,53 @@ class Reconciler:
 
     # -- the loop -------------------------------------------------------------------------
 
+    def _connection(self) -> Connection:
+        """The kept connection, opened (and LISTENing) when there is none."""
+        conn = self._conn
+        if conn is None or conn.closed:
+            conn = psycopg.connect(self.db_url, autocommit=True, row_factory=dict_row)
+            try:
+                conn.execute(f"LISTEN {CHANNEL}")
+            except BaseException:
+                conn.close()
+                raise
+            self._conn = conn
+        return conn
+
+    def _close_connection(self) -> None:
+        conn, self._conn = self._conn, None
+        if conn is not None:
+            try:
+                conn.close()
+            except Exception:
+                log.debug("closing the reconciler's connection failed", exc_info=True)
+
+    def _wake(self) -> None:
+        # OSError: full (a wake-up is pending anyway) or closed (stopped).
+        with contextlib.suppress(OSError):
+            self._wake_w.send(b"k")
+
+    def _wait(self, conn: Connection, timeout: float) -> None:
+        """Block until a NOTIFY on conn, a kick()/stop(), or timeout seconds; a NOTIFY sets
+        the kick. Raises psycopg.Error when the connection is lost."""
+        # A NOTIFY that came in while a pass used the connection waits in psycopg's backlog,
+        # not on the socket: take it first (timeout=0 also reads what the socket holds).
+        for _ in conn.notifies(timeout=0):
+            self._kick.set()
+        if self._kick.is_set() or self._stop.is_set():
+            return
+        fd, wake = conn.fileno(), self._wake_r.fileno()
+        ready, _, _ = select.select([fd, wake], [], [], max(0.0, timeout))
+        if wake in ready:
+            self._wake_r.recv(4096)
+        if fd in ready:
+            for _ in conn.notifies(timeout=0):
+                self._kick.set()
+
     def kick(self) -> None:
         """Ask for a pass now (e.g. an engine answered 404 for an adapter)."""
         self._kick.set()
+        self._wake()
 
     def start(self) -> None:
         """Run passes in a background thread until stop()."""
@@ -335,35 +394,43 @@ class Reconciler:
     def request_stop(self) -> None:
         """Make run_forever return after the current pass."""
         self._stop.set()
-        self._kick.set()
+        self._wake()
 
     def stop(self) -> None:
-        """Stop the loop and close the HTTP client."""
-        self._stop.set()
-        self._kick.set()
+        """Stop the loop, then close the connection and the HTTP client."""
+        self.request_stop()
         if self._thread:
             self._thread.join(timeout=10)
+        self.close()
+
+    def close(self) -> None:
+        """Close the kept connection, the wake-up sockets and the HTTP client (after the loop
+        has stopped)."""
+        self._close_connection()
+        self._wake_r.close()
+        self._wake_w.close()
         self.client.close()
 
     def run_forever(self) -> None:
         """Pass now, then on NOTIFY cft_adapter, on kick() and every interval seconds."""
         backoff = 0.5
+        due = 0.0
         while not self._stop.is_set():
             try:
-                with psycopg.connect(self.db_url, autocommit=True) as listener:
-                    listener.execute(f"LISTEN {CHANNEL}")
-                    backoff = 0.5
-                    due = 0.0
-                    while not self._stop.is_set():
-                        if self._kick.is_set() or time.monotonic() >= due:
-                            self._kick.clear()
-                            self.run_once()
-                            due = time.monotonic() + self.interval
-                        for _ in listener.notifies(timeout=0.1, stop_after=1):
-                            self._kick.set()
+                conn = self._connection()
+                backoff = 0.5
+                if self._kick.is_set() or time.monotonic() >= due:
+                    self._kick.clear()
+                    self.run_once()
+                    due = time.monotonic() + self.interval
+                    continue
+                self._wait(conn, due - time.monotonic())
             except psycopg.Error as exc:
+                self._close_connection()
                 RECONCILER_ERRORS.labels("db").inc()
                 log.warning("reconciler lost its database connection (%s); retrying", exc)
+                # Not listening meanwhile: anything may have changed, pass once back.
+                due = 0.0
                 self._stop.wait(backoff)
                 backoff = min(backoff * 2, 10.0)
 
