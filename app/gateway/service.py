@@ -21,7 +21,7 @@ from psycopg.rows import dict_row
 
 from app.core.auth import ApiKey, hash_key
 from app.core.config import Settings
-from app.core.db import Connection, Pool, as_tenant
+from app.core.db import Connection, Pool
 from app.core.metrics import LOG_QUEUE_DEPTH
 from app.core.pseudonym import user_hash, user_secret
 from app.gateway.engines import EnginePool, EngineState
@@ -45,7 +45,7 @@ class Reconciler(Protocol):
         """Run passes in the background until stop()."""
 
     def kick(self) -> None:
-        """Ask for a pass now (a route changed, or an engine answered 404 for an adapter)."""
+        """Ask for a pass now (an engine answered 404 for an adapter)."""
 
     def stop(self) -> None:
         """Stop the passes (blocking: call it off the event loop)."""
@@ -141,9 +141,11 @@ class RouterRuntime:
 
 class LogSink:
     """The LogWriter's sink: one transaction per tenant, idempotent by request_id, over one
-    kept connection of its own. Taking a pooled connection cost the pool's liveness check (a
-    round trip) and checkout on every batch, and at low rates every call is a batch of its
-    own. A failed batch drops the connection; the writer's retry opens a new one."""
+    kept connection of its own, in one round trip per tenant (`logs.log_batch`). At low rates
+    every call is a batch of its own, so a batch's cost is a large part of a call's: a pooled
+    connection per batch added the pool's liveness check and checkout, and the ~11 round trips
+    of `logs.log_records` cost the router 2x the CPU (BENCHMARKS.md, "Router against LiteLLM
+    (issue 26)"). A failed batch drops the connection; the writer's retry opens a new one."""
 
     def __init__(self, url: str, settings: Settings) -> None:
         self.url = url
@@ -158,16 +160,13 @@ class LogSink:
         conn = self._conn
         if conn is None or conn.closed:
             conn = self._conn = psycopg.connect(
-                self.url, row_factory=dict_row, application_name="cft-router-logs"
+                self.url, autocommit=True, row_factory=dict_row, application_name="cft-router-logs"
             )
         try:
             for tenant_id, records in by_tenant.items():
-                with conn.transaction():
-                    as_tenant(conn, tenant_id)
-                    logs.log_records(
-                        conn, tenant_id=tenant_id, records=records, settings=self.settings
-                    )
+                logs.log_batch(conn, tenant_id=tenant_id, records=records, settings=self.settings)
         except BaseException:
+            # Closing also rolls back the tenant's transaction if it is still open.
             self.close()
             raise
 
@@ -190,12 +189,8 @@ def start(
     the running event loop)."""
     engines = EnginePool(engine_urls, timeout=settings.engine_timeout)
     running = reconciler(db_url, engines.engines, settings) if reconciler else None
-    # A change of a route is also a reason to reconcile (a new canary must be loaded).
-    table = RouteTable(
-        db_url,
-        ttl=settings.route_cache_ttl,
-        on_change=(lambda _route: running.kick()) if running else None,
-    )
+    # No on_change kick: the reconciler LISTENs on the same channel and passes on the NOTIFY.
+    table = RouteTable(db_url, ttl=settings.route_cache_ttl)
     table.start()
     if running is not None:
         running.start()

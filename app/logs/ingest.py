@@ -14,8 +14,10 @@ and the probe then sees that row.
 A batch is atomic: either every record is inserted or reported as already existing, or the
 request fails and nothing is written. Records are idempotent by (tenant, request_id).
 
-`log_records(conn=..., tenant_id=..., records=...)` is the entry point for other code (the
-router logs proxied calls with it); the caller owns the transaction.
+`log_records(conn=..., tenant_id=..., records=...)` is the entry point for other code; the
+caller owns the transaction. `log_batch` is the router's log writer's: a transaction of its own
+in one round trip instead of ~11 (at low rates every proxied call is a batch of one, and each
+round trip costs the router CPU: BENCHMARKS.md, "Router against LiteLLM (issue 26)").
 """
 
 from __future__ import annotations
@@ -26,7 +28,7 @@ from typing import Any
 from psycopg import errors as pg_errors
 
 from app.core.config import Settings
-from app.core.db import Connection
+from app.core.db import Connection, tenant_scope_sql
 from app.core.errors import Conflict
 from app.core.metrics import LOG_ROWS
 from app.logs.validation import Prepared, prepare
@@ -45,7 +47,7 @@ CREATE TEMP TABLE IF NOT EXISTS log_staging (
   created_at timestamptz
 ) ON COMMIT DELETE ROWS
 """
-_MOVE = """
+_MOVE_ALL = """
 INSERT INTO obs.inference_log (request_id, tenant_id, user_hash, route, adapter_id, model,
   experiment, variant, messages, completion, ttft_ms, tokens_in, tokens_out, embedding,
   parent_request_id, pii_flags, status, created_at)
@@ -54,13 +56,31 @@ SELECT s.request_id, %(tenant_id)s, s.user_hash, s.route, s.adapter_id, s.model,
        s.embedding::halfvec, s.parent_request_id, s.pii_flags, s.status,
        coalesce(s.created_at, now())
   FROM log_staging s
- ORDER BY s.ord
 """
+_MOVE = _MOVE_ALL + " ORDER BY s.ord"
 # The ids of this batch that are already logged (an index probe per id, under row-level security).
 _EXISTING = """
 SELECT request_id::text AS request_id FROM obs.request_key
  WHERE tenant_id = %s AND request_id = ANY (%s::uuid[])
 """
+
+
+# _MOVE with the key probe inside: the ids of the staged rows already logged are read with one
+# `= ANY` probe of obs.request_key's primary key (both ARRAYs are init plans, computed once: no
+# anti-join over the tenant's keys), and only the other rows are inserted.
+_MOVE_NEW = (
+    _MOVE_ALL
+    + """ WHERE s.request_id <> ALL (ARRAY(
+   SELECT k.request_id FROM obs.request_key k
+    WHERE k.tenant_id = %(tenant_id)s
+      AND k.request_id = ANY (ARRAY(SELECT request_id FROM log_staging))))
+ ORDER BY s.ord"""
+)
+# Linking every staged id, including ones logged before, is harmless: it only links what is
+# unlinked, so a row already linked is left as it is.
+_LINK_STAGED = (
+    "SELECT obs.link_regenerations(%(tenant_id)s, ARRAY(SELECT request_id FROM log_staging))"
+)
 
 
 def insert_prepared(conn: Connection, *, tenant_id: int, prepared: Prepared) -> list[str]:
@@ -124,6 +144,47 @@ def log_records(
     """
     prepared = prepare(records, settings=settings)
     return insert_prepared(conn, tenant_id=tenant_id, prepared=prepared)
+
+
+def _literal(field: str) -> str:
+    r"""A field of a COPY text line as an SQL literal with the same value.
+
+    Validation escapes every backslash in a value, so a field holds no backslash but those of
+    the escapes \\, \t, \n, \r (or is \N, NULL), which an E'' string reads exactly as COPY
+    does: doubling ' is the only quoting left to do."""
+    return "NULL" if field == "\\N" else "E'" + field.replace("'", "''") + "'"
+
+
+def log_batch(
+    conn: Connection,
+    *,
+    tenant_id: int,
+    records: Sequence[dict[str, Any]],
+    settings: Settings | None = None,
+) -> None:
+    """Log records for a tenant in a transaction of its own, in one round trip.
+
+    conn must be in autocommit mode and idle. Same rows, keys, links and row-level security
+    as log_records, sent as one simple-protocol query: BEGIN, the tenant scope, the staged
+    rows as an INSERT of literals (COPY would cost two round trips of its own), the move of
+    the rows not yet logged, the regeneration links, COMMIT. On an error the transaction is
+    left aborted: close or roll back the connection. A concurrent request logging one of the
+    same ids raises unique_violation; a retry then finds that row and skips it (idempotent by
+    request_id). Raises InvalidRecord before sending anything if a record is invalid.
+    """
+    prepared = prepare(records, settings=settings)
+    if not prepared.lines:
+        return
+    tenant = {"tenant_id": int(tenant_id)}
+    rows = ",".join(
+        "(" + ",".join(map(_literal, line[:-1].split("\t"))) + ")" for line in prepared.lines
+    )
+    # No parameters: psycopg sends the text as is (a % in a value is not a placeholder).
+    conn.execute(
+        f"BEGIN; {tenant_scope_sql(tenant_id)}; {_CREATE_STAGING};"
+        f" INSERT INTO log_staging ({STAGING_COLUMNS}) VALUES {rows};"
+        f" {_MOVE_NEW % tenant}; {_LINK_STAGED % tenant}; COMMIT"
+    )
 
 
 def summarize(request_ids: Iterable[str], statuses: Sequence[str]) -> dict[str, Any]:

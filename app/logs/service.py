@@ -7,7 +7,7 @@ import other code needs (`from app.logs import service as logs`).
 from __future__ import annotations
 
 from app.logs.feedback import give_feedback
-from app.logs.ingest import insert_prepared, log_records, summarize
+from app.logs.ingest import insert_prepared, log_batch, log_records, summarize
 from app.logs.queries import get_log, get_log_or_raise, list_logs
 from app.logs.validation import InvalidRecord, Prepared, prepare, records_of
 
@@ -19,6 +19,7 @@ __all__ = [
     "give_feedback",
     "insert_prepared",
     "list_logs",
+    "log_batch",
     "log_records",
     "prepare",
     "records_of",
