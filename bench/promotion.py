@@ -4,16 +4,21 @@ to the new adapter (the gate's NOTIFY invalidates the router's route cache).
 Same stack as bench/router.py (embedded PostgreSQL, stub backend that reports bench-v0..N as
 loaded, cft router). Each round inserts a candidate with a better eval score, promotes it by
 raw SQL, and right after COMMIT returns sends requests back to back until X-Cft-Adapter names
-it. Usage: python bench/promotion.py [--rounds 50]
+it. Usage: python bench/promotion.py [--rounds 50] [--json FILE]
 
 Where the time goes (issue 26): a second LISTEN connection in this process notes when each
-NOTIFY arrives (relative to the COMMIT's return: delivery can beat it), and each round counts
-the calls that still got the old adapter and times one call (the client's own poll interval).
+NOTIFY cft_adapter arrives (relative to the COMMIT's return: delivery can beat it; the router's
+cft_route is sent at the same COMMIT), and each round counts the calls that still got the old
+adapter and times the routed call itself: COMMIT -> routed minus that call is the time the
+router took to learn of the change (0 when the first call after COMMIT was routed). --json
+writes every round's numbers (for before/after runs side by side).
 """
 
 from __future__ import annotations
 
 import argparse
+import json
+import os
 import statistics
 import sys
 import threading
@@ -31,6 +36,12 @@ import router as rb
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--rounds", type=int, default=50)
+    ap.add_argument("--json", help="write the raw numbers here")
+    ap.add_argument(
+        "--no-probe",
+        action="store_true",
+        help="without the second listener (its thread takes this process's GIL at the COMMIT)",
+    )
     args = ap.parse_args()
     with rb.Stack() as st, httpx.Client(timeout=10) as client:
         url = st.api + "/v1/chat/completions"
@@ -58,13 +69,15 @@ def main() -> None:
                     for _note in lc.notifies(timeout=0.2, stop_after=1):
                         notified.setdefault(f"n{len(notified)}", time.perf_counter())
 
-        listener = threading.Thread(target=listen, daemon=True)
-        listener.start()
-        listening.wait(10)
+        if not args.no_probe:
+            threading.Thread(target=listen, daemon=True).start()
+            listening.wait(10)
         notify_ms: list[float] = []
         commit_ms: list[float] = []
         stale_calls: list[int] = []
         call_ms: list[float] = []
+        routed_call_ms: list[float] = []
+        before_routed_ms: list[float] = []
         with psycopg.connect(st.db, autocommit=True) as c:
             for i in range(1, args.rounds + 1):
                 new = f"bench-v{i}"
@@ -91,6 +104,8 @@ def main() -> None:
                     tc = time.perf_counter()
                     r = client.post(url, content=rb.BODY, headers=headers)
                     if r.headers.get("x-cft-adapter") == new:
+                        routed_call_ms.append((time.perf_counter() - tc) * 1000)
+                        before_routed_ms.append((tc - t0) * 1000)
                         break
                     stale += 1
                     call_ms.append((time.perf_counter() - tc) * 1000)
@@ -112,14 +127,32 @@ def main() -> None:
         med = statistics.median
         print(
             f"UPDATE+COMMIT {med(commit_ms):.1f} ms median; NOTIFY at a 2nd listener"
-            f" {med(notify_ms):+.1f} ms after COMMIT returned (median, max"
-            f" {max(notify_ms):+.1f}); calls still on the old adapter: median"
+            f" {med(notify_ms or [0]):+.1f} ms after COMMIT returned (median, max"
+            f" {max(notify_ms or [0]):+.1f}); calls still on the old adapter: median"
             f" {med(stale_calls):.0f}, max {max(stale_calls)}, in"
             f" {sum(1 for x in stale_calls if x)} of {len(stale_calls)} rounds; one call"
             f" {med(call_ms) if call_ms else 0:.1f} ms median; one call with no change:"
             f" p50 {rb.pct(base_ms, 50) / 1000:.1f} ms, p99 {rb.pct(base_ms, 99) / 1000:.1f} ms;"
             f" {rb.load_str()}"
         )
+        print(
+            f"the routed call itself: p50 {rb.pct(routed_call_ms, 50) / 1000:.1f} ms,"
+            f" p99 {rb.pct(routed_call_ms, 99) / 1000:.1f} ms; COMMIT -> routed minus it:"
+            f" p50 {rb.pct(before_routed_ms, 50) / 1000:.1f} ms,"
+            f" p99 {rb.pct(before_routed_ms, 99) / 1000:.1f} ms"
+        )
+        if args.json:
+            raw = {
+                "routed_ms": [t * 1000 for t in times],
+                "routed_call_ms": routed_call_ms,
+                "before_routed_ms": before_routed_ms,
+                "stale_calls": stale_calls,
+                "notify_ms": notify_ms,
+                "commit_ms": commit_ms,
+                "base_ms": base_ms,
+                "load": os.getloadavg(),
+            }
+            Path(args.json).write_text(json.dumps(raw))
 
 
 if __name__ == "__main__":

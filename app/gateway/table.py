@@ -37,6 +37,13 @@ from app.gateway.assign import Canary, RouteState
 log = logging.getLogger("cft.gateway")
 
 CHANNEL = "cft_route"
+# LISTEN on two connections: each NOTIFY is sent by each listener's own backend, and on a busy
+# machine one backend can wait 10-20 ms for a CPU after the COMMIT while the other does not.
+# The first copy is applied; the other is dropped (BENCHMARKS.md, "Promotion COMMIT -> routed
+# (item 5b)").
+LISTENERS = 2
+# How many recent notifications are remembered to drop their second copy.
+_SEEN = 1024
 _HITS = ROUTE_CACHE.labels("hit")
 
 
@@ -112,13 +119,15 @@ class RouteTable:
         self._stop = threading.Event()
         self._listener: threading.Thread | None = None
         self.listening = threading.Event()
-        # The LISTEN connection; its notifications are taken in under _notify_lock, by the
+        # The LISTEN connections; their notifications are taken in under _notify_lock, by the
         # listener thread or by a lookup that finds them waiting (_catch_up).
-        self._conn: Connection | None = None
-        self._fd = -1
+        self._conns: list[Connection] = []
+        self._fds: tuple[int, ...] = ()
         self._notify_lock = threading.Lock()
         # Per route, the transaction of its last NOTIFY (absent: unknown, read the route).
         self._last_xid: dict[str, int] = {}
+        # The notifications applied lately (route, xid, snapshot), oldest first.
+        self._seen: dict[tuple[str, int | None, str | None], None] = {}
         self._wake: tuple[int, int] | None = None  # a pipe that wakes the listener to stop
         self._refreshing: set[str] = set()
         self._retry_at: dict[str, float] = {}
@@ -253,12 +262,13 @@ class RouteTable:
         """Take in the notifications already on the listener's socket (or being taken in):
         the listener thread may not have run yet (the GIL, the scheduler), and a call must
         not be served the state that a NOTIFY in hand replaces. One poll(0) when none is."""
-        fd = self._fd
-        if fd < 0:
+        fds = self._fds
+        if not fds:
             return
         if not self._notify_lock.locked():
             poller = select.poll()
-            poller.register(fd, select.POLLIN)
+            for fd in fds:
+                poller.register(fd, select.POLLIN)
             if not poller.poll(0):
                 return
         # A lost connection: the listener thread sees it too, and reconnects.
@@ -267,17 +277,23 @@ class RouteTable:
 
     def _drain(self) -> None:
         """Apply every notification received (hold _notify_lock)."""
-        conn = self._conn
-        if conn is None:
-            return
-        pgconn = conn.pgconn
-        pgconn.consume_input()
-        while (note := pgconn.notifies()) is not None:
-            self._on_notify(Change.parse(note.extra.decode("utf-8", "replace")))
+        for conn in self._conns:
+            pgconn = conn.pgconn
+            pgconn.consume_input()
+            while (note := pgconn.notifies()) is not None:
+                self._on_notify(Change.parse(note.extra.decode("utf-8", "replace")))
 
     def _on_notify(self, change: Change) -> None:
         """Cache the state a NOTIFY carries, or drop the route and have it read."""
         name = change.route
+        if change.complete:
+            # Each connection delivers in commit order, so the first copy of each keeps it.
+            key = (name, change.xid, change.snapshot)
+            if key in self._seen:
+                return  # the copy from the other connection
+            self._seen[key] = None
+            if len(self._seen) > _SEEN:
+                del self._seen[next(iter(self._seen))]
         previous = self._last_xid.pop(name, None)
         if change.xid is not None:
             self._last_xid[name] = change.xid
@@ -345,11 +361,13 @@ class RouteTable:
     def _listen(self) -> None:
         backoff = 0.2
         while not self._stop.is_set():
+            conns: list[Connection] = []
             try:
-                with self._connection() as conn:
-                    conn.execute(f"LISTEN {CHANNEL}")
-                    self._serve(conn)
-                    backoff = 0.2
+                for _ in range(LISTENERS):
+                    conns.append(self._connection())
+                    conns[-1].execute(f"LISTEN {CHANNEL}")
+                self._serve(conns)
+                backoff = 0.2
             except psycopg.Error:
                 self.listening.clear()
                 if self._stop.is_set():
@@ -357,20 +375,25 @@ class RouteTable:
                 log.warning("route listener lost its connection; retrying in %.1fs", backoff)
                 self._stop.wait(backoff)
                 backoff = min(backoff * 2, 5.0)
+            finally:
+                for conn in conns:
+                    conn.close()
 
-    def _serve(self, conn: Connection) -> None:
-        """Take in notifications as they arrive until stop() (blocks on the socket: no
-        polling interval); raises psycopg.Error when the connection is lost."""
+    def _serve(self, conns: list[Connection]) -> None:
+        """Take in notifications as they arrive until stop() (blocks on the sockets: no
+        polling interval); raises psycopg.Error when a connection is lost."""
         with self._notify_lock:
-            self._conn = conn
+            self._conns = conns
             self._last_xid.clear()
+            self._seen.clear()
         try:
-            fd = conn.pgconn.socket
+            fds = tuple(conn.pgconn.socket for conn in conns)
             poller = select.poll()
-            poller.register(fd, select.POLLIN)
+            for fd in fds:
+                poller.register(fd, select.POLLIN)
             if self._wake is not None:
                 poller.register(self._wake[0], select.POLLIN)
-            self._fd = fd
+            self._fds = fds
             # Anything may have changed while we were not listening.
             self.invalidate()
             self.listening.set()
@@ -379,6 +402,6 @@ class RouteTable:
                 with self._notify_lock:
                     self._drain()
         finally:
-            self._fd = -1
+            self._fds = ()
             with self._notify_lock:
-                self._conn = None
+                self._conns = []

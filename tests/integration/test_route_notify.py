@@ -136,18 +136,30 @@ def test_a_state_older_than_the_previous_change_is_read_not_applied(db_url, conn
 def test_a_lookup_takes_in_a_notify_before_the_listener_thread_runs(db_url, conn, world):
     name = world["route"]["name"]
     table = RouteTable(db_url, ttl=3600)  # no listener thread: only lookups take NOTIFYs in
-    with psycopg.connect(db_url, autocommit=True) as listen:
-        listen.execute("LISTEN cft_route")
-        table._conn, table._fd = listen, listen.pgconn.socket
-        poller = select.poll()
-        poller.register(table._fd, select.POLLIN)
+    with (
+        psycopg.connect(db_url, autocommit=True) as one,
+        psycopg.connect(db_url, autocommit=True) as two,
+    ):
+        one.execute("LISTEN cft_route")
+        two.execute("LISTEN cft_route")
+        table._conns, table._fds = [one, two], (one.pgconn.socket, two.pgconn.socket)
+        both = []
+        for fd in table._fds:
+            both.append(select.poll())
+            both[-1].register(fd, select.POLLIN)
         assert table.get(name) is not None
         set_pct(conn, world["c1"], 11)  # the first NOTIFY since LISTEN: dropped, read
-        assert poller.poll(2000)
+        assert all(p.poll(2000) for p in both)
         assert table.lookup(name) == (False, None)
+        assert table._reloads.get_nowait() == name  # once, not once per connection
         assert pcts(table.get(name))[world["c1"]["id"]] == 11
         conn.execute("UPDATE serve.route SET experiment = 'exp-3' WHERE name = %s", (name,))
-        assert poller.poll(2000)
-        hit, state = table.lookup(name)  # applied from the socket by the lookup itself
+        assert all(p.poll(2000) for p in both)
+        hit, state = table.lookup(name)  # applied from the sockets by the lookup itself
         assert hit and state is not None and state.experiment == "exp-3"
-        table._conn, table._fd = None, -1
+        set_pct(conn, world["c2"], 12)
+        wait_for("c2 at 12", lambda: pcts(table.lookup(name)[1]).get(world["c2"]["id"]) == 12)
+        time.sleep(0.1)  # the second copies arrive too
+        assert pcts(table.lookup(name)[1])[world["c2"]["id"]] == 12
+        assert table._reloads.empty()  # the second copies were not taken for older states
+        table._conns, table._fds = [], ()
