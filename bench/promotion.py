@@ -11,7 +11,12 @@ NOTIFY cft_adapter arrives (relative to the COMMIT's return: delivery can beat i
 cft_route is sent at the same COMMIT), and each round counts the calls that still got the old
 adapter and times the routed call itself: COMMIT -> routed minus that call is the time the
 router took to learn of the change (0 when the first call after COMMIT was routed). --json
-writes every round's numbers (for before/after runs side by side).
+writes every round's numbers. --trees A,B runs this bench from each tree's own copy
+(bench/promotion.py there, so each tree's router and SQL) in turn, alternating the order each
+cycle, and prints each run with the load average and every tree's rounds pooled:
+
+    git archive <before> | tar -x -C /tmp/before; cp bench/promotion.py /tmp/before/bench/
+    python bench/promotion.py --trees /tmp/before,. --cycles 6 --rounds 40
 """
 
 from __future__ import annotations
@@ -20,7 +25,9 @@ import argparse
 import json
 import os
 import statistics
+import subprocess
 import sys
+import tempfile
 import threading
 import time
 from pathlib import Path
@@ -42,7 +49,12 @@ def main() -> None:
         action="store_true",
         help="without the second listener (its thread takes this process's GIL at the COMMIT)",
     )
+    ap.add_argument("--trees", help="comma-separated trees to run alternately (see above)")
+    ap.add_argument("--cycles", type=int, default=4, help="with --trees: runs of each tree")
     args = ap.parse_args()
+    if args.trees:
+        alternate(args.trees.split(","), args)
+        return
     with rb.Stack() as st, httpx.Client(timeout=10) as client:
         url = st.api + "/v1/chat/completions"
         headers = {"authorization": f"Bearer {st.key}", "content-type": "application/json"}
@@ -153,6 +165,42 @@ def main() -> None:
                 "load": os.getloadavg(),
             }
             Path(args.json).write_text(json.dumps(raw))
+
+
+def alternate(trees: list[str], args: argparse.Namespace) -> None:
+    """Run the bench of each tree in turn (order reversed every cycle), then pool the rounds."""
+    runs: dict[str, list[dict[str, list[float]]]] = {t: [] for t in trees}
+    extra = ["--no-probe"] if args.no_probe else []
+    with tempfile.TemporaryDirectory() as tmp:
+        for cycle in range(args.cycles):
+            for tree in trees if cycle % 2 == 0 else trees[::-1]:
+                out = Path(tmp) / "run.json"
+                load = rb.load_str()
+                bench = str(Path(tree).resolve() / "bench" / "promotion.py")
+                cmd = [sys.executable, bench, "--rounds", str(args.rounds), "--json", str(out)]
+                subprocess.run(cmd + extra, check=True, stdout=subprocess.DEVNULL)
+                raw = json.loads(out.read_text())
+                runs[tree].append(raw)
+                print(f"{tree}: {summary([raw])}; {load} before, {rb.load_str()} after", flush=True)
+    for tree, raws in runs.items():
+        print(f"{tree}, {len(raws)} runs pooled: {summary(raws)}")
+
+
+def summary(raws: list[dict[str, list[float]]]) -> str:
+    """COMMIT -> routed, the routed call itself, the time before it and the old-adapter calls."""
+
+    def pooled(key: str) -> str:
+        values = [x / 1000 for raw in raws for x in raw[key]]
+        return f"p50 {rb.pct(values, 50):.1f} p99 {rb.pct(values, 99):.1f} ms"
+
+    stale = [x for raw in raws for x in raw["stale_calls"]]
+    per_run = ", ".join(f"{rb.pct([x / 1000 for x in raw['routed_ms']], 99):.1f}" for raw in raws)
+    return (
+        f"COMMIT -> routed {pooled('routed_ms')} (per run p99 {per_run});"
+        f" the routed call {pooled('routed_call_ms')}; before it {pooled('before_routed_ms')};"
+        f" one call, no change {pooled('base_ms')}; old-adapter calls {sum(stale)} in"
+        f" {sum(1 for x in stale if x)} of {len(stale)} rounds"
+    )
 
 
 if __name__ == "__main__":
