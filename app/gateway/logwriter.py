@@ -1,22 +1,29 @@
 """Asynchronous, batched, lossless writer of the router's inference logs.
 
 The router answers the client first and hands the log record to this writer. Records wait in a
-bounded queue; a single task writes them in batches (up to `batch_size` records or
+bounded queue; one thread of its own writes them in batches (up to `batch_size` records or
 `max_delay` seconds). Nothing is dropped:
 - if PostgreSQL is down, the batch is retried with exponential backoff (capped) until it lands;
   writes are idempotent by (tenant, request_id), so a retry after an ambiguous failure does
   not duplicate rows;
-- while it is down the queue fills; when full, `put` waits (back-pressure: new calls slow down
-  instead of records being lost);
+- while it is down the queue fills; when full, records wait in an overflow list that one task
+  moves into the queue as room appears (memory grows instead of records being lost);
 - `close()` flushes everything still queued before the process exits.
+
+A thread rather than a task that hands each batch to an executor: at low rates every call is a
+batch of its own, and the task's timer, executor future and wake-up of the event loop per batch
+cost the loop more CPU than the call's own routing (BENCHMARKS.md, "Router against LiteLLM
+(issue 26)"). The event loop's whole share is now one queue put per record.
 """
 
 from __future__ import annotations
 
 import asyncio
-import contextlib
+import collections
 import logging
+import queue
 import threading
+import time
 from collections.abc import Callable
 from typing import Any
 
@@ -26,7 +33,7 @@ WriteBatch = Callable[[list[dict[str, Any]]], None]
 
 
 class LogWriter:
-    """Bounded queue + one writer task; see the module docstring for the guarantees."""
+    """Bounded queue + one writer thread; see the module docstring for the guarantees."""
 
     def __init__(
         self,
@@ -38,12 +45,15 @@ class LogWriter:
         max_backoff: float = 5.0,
     ):
         self._write_batch = write_batch
-        self._queue: asyncio.Queue[dict[str, Any]] = asyncio.Queue(maxsize=maxsize)
+        # None is the stop sentinel (put by close(), after every record).
+        self._queue: queue.Queue[dict[str, Any] | None] = queue.Queue(maxsize=maxsize)
         self._batch_size = batch_size
         self._max_delay = max_delay
         self._max_backoff = max_backoff
-        self._task: asyncio.Task[None] | None = None
-        self._pending_puts: set[asyncio.Task[None]] = set()
+        self._thread: threading.Thread | None = None
+        # Records that found the queue full, in order, and the task that moves them in.
+        self._overflow: collections.deque[dict[str, Any]] = collections.deque()
+        self._mover: asyncio.Task[None] | None = None
         self.written = 0
         self.failures = 0
         # request_ids queued and not yet written (feedback may arrive before the row). A set
@@ -52,18 +62,14 @@ class LogWriter:
         self._written_cond = threading.Condition()
 
     def start(self) -> None:
-        """Start the writer task on the running loop."""
-        self._task = asyncio.get_running_loop().create_task(self._run(), name="cft-log-writer")
+        """Start the writer thread."""
+        self._thread = threading.Thread(target=self._run, name="cft-log-writer", daemon=True)
+        self._thread.start()
 
     @property
     def pending(self) -> int:
         """Records queued and not yet written."""
-        return self._queue.qsize()
-
-    async def put(self, record: dict[str, Any]) -> None:
-        """Queue a record; waits while the queue is full (back-pressure)."""
-        self._track(record)
-        await self._queue.put(record)
+        return self._queue.qsize() + len(self._overflow)
 
     def _track(self, record: dict[str, Any]) -> None:
         rid = record.get("request_id")
@@ -81,63 +87,85 @@ class LogWriter:
             return self._written_cond.wait_for(lambda: request_id not in self._unwritten, timeout)
 
     def submit(self, record: dict[str, Any]) -> None:
-        """Queue a record without awaiting (for cleanup code that may run while cancelled).
+        """Queue a record without awaiting (also from cleanup code that runs while cancelled).
 
-        When the queue is full the record waits in a task instead: still never dropped.
+        When the queue is full the record waits in the overflow list instead: still never
+        dropped. Call it on the event loop.
         """
         self._track(record)
-        try:
-            self._queue.put_nowait(record)
-        except asyncio.QueueFull:
-            task = asyncio.get_running_loop().create_task(self._queue.put(record))
-            self._pending_puts.add(task)
-            task.add_done_callback(self._pending_puts.discard)
+        if not self._overflow:
+            try:
+                self._queue.put_nowait(record)
+                return
+            except queue.Full:
+                pass
+        self._overflow.append(record)
+        if self._mover is None or self._mover.done():
+            self._mover = asyncio.get_running_loop().create_task(self._move_overflow())
+
+    async def _move_overflow(self) -> None:
+        while self._overflow:
+            try:
+                self._queue.put_nowait(self._overflow[0])
+            except queue.Full:
+                await asyncio.sleep(0.01)  # only while PostgreSQL is down and the queue full
+                continue
+            self._overflow.popleft()
 
     async def close(self) -> None:
-        """Write everything queued, then stop."""
-        if self._pending_puts:
-            await asyncio.gather(*self._pending_puts)
-        await self._queue.join()
-        if self._task:
-            self._task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._task
+        """Write everything queued, then stop the thread."""
+        if self._mover is not None:
+            await self._mover
+        thread = self._thread
+        if thread is None or not thread.is_alive():
+            return
+        await asyncio.to_thread(self._queue.put, None)
+        await asyncio.to_thread(thread.join)
 
-    async def _next_batch(self) -> list[dict[str, Any]]:
-        # Wait for a first record, then let the batch fill for up to max_delay with one sleep
-        # (not one wait_for, i.e. one task and one timer, per record), then take what is there.
-        batch = [await self._queue.get()]
+    def _next_batch(self) -> tuple[list[dict[str, Any]], bool]:
+        """(records, stop): waits for a first record, then lets the batch fill for up to
+        max_delay with one sleep, then takes what is there."""
+        first = self._queue.get()
+        if first is None:
+            return [], True
+        batch = [first]
         if self._queue.qsize() < self._batch_size - 1:
-            await asyncio.sleep(self._max_delay)
+            time.sleep(self._max_delay)
         while len(batch) < self._batch_size:
             try:
-                batch.append(self._queue.get_nowait())
-            except asyncio.QueueEmpty:
+                record = self._queue.get_nowait()
+            except queue.Empty:
                 break
-        return batch
+            if record is None:
+                return batch, True
+            batch.append(record)
+        return batch, False
 
-    async def _run(self) -> None:
+    def _write(self, batch: list[dict[str, Any]]) -> None:
+        backoff = 0.1
         while True:
-            batch = await self._next_batch()
-            backoff = 0.1
-            while True:
-                try:
-                    await asyncio.to_thread(self._write_batch, batch)
-                    self.written += len(batch)
-                    break
-                except Exception as exc:
-                    self.failures += 1
-                    log.warning(
-                        "writing %d log records failed (%s); retrying in %.1fs",
-                        len(batch),
-                        str(exc).splitlines()[0] if str(exc) else type(exc).__name__,
-                        backoff,
-                    )
-                    await asyncio.sleep(backoff)
-                    backoff = min(backoff * 2, self._max_backoff)
-            with self._written_cond:
-                for record in batch:
-                    self._unwritten.discard(str(record.get("request_id")))
-                self._written_cond.notify_all()
-            for _ in batch:
-                self._queue.task_done()
+            try:
+                self._write_batch(batch)
+                self.written += len(batch)
+                break
+            except Exception as exc:
+                self.failures += 1
+                log.warning(
+                    "writing %d log records failed (%s); retrying in %.1fs",
+                    len(batch),
+                    str(exc).splitlines()[0] if str(exc) else type(exc).__name__,
+                    backoff,
+                )
+                time.sleep(backoff)
+                backoff = min(backoff * 2, self._max_backoff)
+        with self._written_cond:
+            for record in batch:
+                self._unwritten.discard(str(record.get("request_id")))
+            self._written_cond.notify_all()
+
+    def _run(self) -> None:
+        stop = False
+        while not stop:
+            batch, stop = self._next_batch()
+            if batch:
+                self._write(batch)
