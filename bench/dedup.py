@@ -21,8 +21,11 @@ and now, on the same data: N rows of bench/datasets.py's synthetic traffic (+10%
 random embeddings bulk-loaded in SQL (no model; both HNSW indexes built after the load), then
 alternating rounds of `BEGIN; SELECT fn(0.2, 10, --search-batch); ROLLBACK` from 1 and from
 --sessions sessions (each round searches the same newest queued rows), with the edges each
-found compared. --weekly gives the loaded rows weekly partitions first (the maintenance
-worker's obs.move_default_rows; without it, rows older than last week stay in DEFAULT).
+found compared, and with the exact (sequential-scan) kNN edges of the newest
+--exact-sample rows. --ef 80,120 adds the new search with those hnsw.ef_search floors;
+--pgdata keeps the loaded database for a second run. --weekly gives the loaded rows weekly
+partitions first (the maintenance worker's obs.move_default_rows; without it, rows older than
+last week stay in DEFAULT).
 """
 
 from __future__ import annotations
@@ -131,6 +134,22 @@ SELECT s.log_id, s.created_at, s.tenant_id, s.route, l.embedding
  WHERE l.embedding IS NOT NULL
 ON CONFLICT DO NOTHING"""
 SEARCH = {"before": "bench_old.compute_prompt_neighbours", "now": "obs.compute_prompt_neighbours"}
+NEW_SEARCH = _block(
+    render("obs/compute_prompt_neighbours.sql", embedding_dim=384),
+    "CREATE OR REPLACE FUNCTION obs.compute_prompt_neighbours(",
+    "$fn$;\n",
+)
+
+
+def ef_variant(ef: int) -> tuple[str, str]:
+    """The search as now with another hnsw.ef_search floor: (name, its CREATE FUNCTION)."""
+    name = f"bench_ef{ef}.compute_prompt_neighbours"
+    sql = (
+        NEW_SEARCH.replace("obs.compute_prompt_neighbours(", name + "(", 1)
+        .replace("SET hnsw.ef_search = 40", f"SET hnsw.ef_search = {ef}")
+        .replace("greatest(2 * p_neighbours, 40)", f"greatest(2 * p_neighbours, {ef})")
+    )
+    return name, sql
 
 
 def load_avg() -> str:
@@ -229,7 +248,7 @@ def load_search_scale(conn: Any, rows: int, *, weekly: bool) -> str:
 
 def search_round(url: str, fn: str, sessions: int, batch: int) -> tuple[int, float, set[Any]]:
     """`sessions` concurrent `BEGIN; SELECT fn(0.2, 10, batch); ROLLBACK`: rows, wall s, edges."""
-    start, done = threading.Barrier(sessions), threading.Barrier(sessions)
+    start = threading.Barrier(sessions)
     marked: list[int] = []
     spans: list[tuple[float, float]] = []
     edges: set[Any] = set()
@@ -244,12 +263,12 @@ def search_round(url: str, fn: str, sessions: int, batch: int) -> tuple[int, flo
                 spans.append((t, time.perf_counter()))
                 marked.append(int(row[0]) if row else 0)
                 edges.update(c.execute("SELECT a_id, b_id FROM obs.prompt_neighbour").fetchall())
-                done.wait()  # hold the claimed rows until every session has its own
+                # Rolled back at once: holding the transaction until the other sessions are
+                # done could deadlock (an edge two sessions both insert waits for the first).
                 c.rollback()
         except BaseException as exc:
             errors.append(exc)
             start.abort()
-            done.abort()
 
     threads = [threading.Thread(target=work, daemon=True) for _ in range(sessions)]
     for th in threads:
@@ -261,13 +280,14 @@ def search_round(url: str, fn: str, sessions: int, batch: int) -> tuple[int, flo
     return sum(marked), max(e for _, e in spans) - min(b for b, _ in spans), edges
 
 
-def exact_edges(conn: Any, batch: int, sample: int) -> tuple[list[int], set[Any]]:
-    """The exact (sequential-scan) edges of the `sample` newest queued rows: k = 10, r = 0.2."""
+def exact_edges(conn: Any, batch: int, sample: int) -> tuple[list[int], dict[Any, float]]:
+    """The exact (sequential-scan) edges of the `sample` newest queued rows: k = 10, r = 0.2,
+    each with its distance."""
     with conn.transaction():
         conn.execute("SET LOCAL enable_indexscan = off")
         conn.execute("SET LOCAL enable_bitmapscan = off")
         rows = conn.execute(
-            """SELECT q.log_id AS q, nb.log_id AS n, q.created_at < nb.created_at
+            """SELECT q.log_id AS q, nb.log_id AS n, nb.dist, q.created_at < nb.created_at
                       OR (q.created_at = nb.created_at AND q.log_id < nb.log_id) AS older
                  FROM (SELECT s.log_id, s.created_at FROM obs.prompt_neighbour_scan s
                         WHERE s.radius IS NULL ORDER BY s.created_at DESC LIMIT %s) c
@@ -285,30 +305,42 @@ def exact_edges(conn: Any, batch: int, sample: int) -> tuple[list[int], set[Any]
                 ORDER BY created_at DESC LIMIT %s""",
             (min(batch, sample),),
         ).fetchall()
-    pairs = {(r["q"], r["n"]) if r["older"] else (r["n"], r["q"]) for r in rows}
+    pairs = {((r["q"], r["n"]) if r["older"] else (r["n"], r["q"])): r["dist"] for r in rows}
     return [r["log_id"] for r in qs], pairs
 
 
 def search_at_scale(url: str, args: argparse.Namespace) -> None:
     """Before/after rows/s of the neighbour search on the same bulk-loaded data."""
+    search = dict(SEARCH)
     with psycopg.connect(url, autocommit=True, row_factory=dict_row) as conn:
-        print(load_search_scale(conn, args.search_rows, weekly=args.weekly), flush=True)
+        if conn.execute("SELECT 1 FROM tenant WHERE name = 'bench-search'").fetchone():
+            print("reusing the loaded rows (--pgdata)", flush=True)
+        else:
+            print(load_search_scale(conn, args.search_rows, weekly=args.weekly), flush=True)
         conn.execute("CREATE SCHEMA IF NOT EXISTS bench_old")
         conn.execute(OLD_SEARCH)
+        for ef in args.ef:
+            name, sql = ef_variant(ef)
+            conn.execute(f"CREATE SCHEMA IF NOT EXISTS {name.split('.')[0]}")
+            conn.execute(sql)
+            search[f"ef{ef}"] = name
         queued = conn.execute(
             "SELECT count(*) AS n FROM obs.prompt_neighbour_scan WHERE radius IS NULL"
         ).fetchone()["n"]
-        ids, exact = exact_edges(conn, args.search_batch, 100)
+        t = time.perf_counter()
+        ids, exact = exact_edges(conn, args.search_batch, args.exact_sample)
+        print(f"exact kNN of {len(ids)} rows (sequential scan): {time.perf_counter() - t:.0f} s")
     print(f"queued: {queued}; each round: the {args.search_batch} newest queued rows per session")
-    for fn in SEARCH.values():  # warm-up: both indexes in the cache
+    for fn in search.values():  # warm-up: the indexes in the cache
         search_round(url, fn, 1, args.search_batch)
     rates: dict[tuple[str, int], list[float]] = {}
     found: dict[str, set[Any]] = {}
     print(f"{'round':>5} {'search':>7} {'sessions':>8} {'rows':>6} {'s':>6} {'rows/s':>7}  load")
+    kinds = list(search)
     for r in range(args.search_rounds):
-        for kind in ("before", "now") if r % 2 == 0 else ("now", "before"):
+        for kind in kinds[r % len(kinds) :] + kinds[: r % len(kinds)]:  # rotate the order
             for sessions in sorted({1, args.sessions}):
-                n, sec, edges = search_round(url, SEARCH[kind], sessions, args.search_batch)
+                n, sec, edges = search_round(url, search[kind], sessions, args.search_batch)
                 rates.setdefault((kind, sessions), []).append(n / sec)
                 if sessions == 1:
                     found[kind] = edges
@@ -319,21 +351,30 @@ def search_at_scale(url: str, args: argparse.Namespace) -> None:
                 )
     for sessions in sorted({1, args.sessions}):
         b = statistics.median(rates[("before", sessions)])
-        a = statistics.median(rates[("now", sessions)])
-        print(
-            f"median, {sessions} session(s): before {b:.0f} rows/s, now {a:.0f} rows/s: x{a / b:.2f}"
-        )
+        for kind in kinds[1:]:
+            a = statistics.median(rates[(kind, sessions)])
+            print(
+                f"median, {sessions} session(s): before {b:.0f} rows/s, {kind} {a:.0f} rows/s:"
+                f" x{a / b:.2f}"
+            )
     old, new = found["before"], found["now"]
     print(
         f"edges of one batch: before {len(old)}, now {len(new)}, both {len(old & new)},"
         f" before only {len(old - new)}, now only {len(new - old)}"
     )
+    # Identical embeddings (distance 0: the same prompt text, which exact dedup by prompt hash
+    # already merges; a snapshot ignores edges between equal hashes) apart from near ones.
+    same = {e for e, d in exact.items() if d == 0}
+    near = set(exact) - same
+    print(
+        f"exact kNN edges of the {len(ids)} newest rows: {len(exact)}"
+        f" ({len(same)} between identical embeddings, {len(near)} near: 0 < distance < 0.2)"
+    )
     for kind, edges in found.items():
-        mine = {e for e in edges if e[0] in ids or e[1] in ids}
-        hit = len(exact & mine)
         print(
-            f"exact kNN edges of the {len(ids)} newest rows: {len(exact)}; found by {kind}:"
-            f" {hit} ({100 * hit / max(len(exact), 1):.1f}%)"
+            f"  found by {kind:>7}: identical {len(same & edges)}/{len(same)},"
+            f" near {len(near & edges)}/{len(near)},"
+            f" all {100 * len(set(exact) & edges) / max(len(exact), 1):.1f}%"
         )
 
 
@@ -351,11 +392,20 @@ def main() -> int:
     ap.add_argument("--search-batch", type=int, default=500, help="rows per session per round")
     ap.add_argument("--search-rounds", type=int, default=4, help="rounds per search version")
     ap.add_argument("--weekly", action="store_true", help="weekly partitions for loaded rows")
+    ap.add_argument(
+        "--ef",
+        type=lambda v: [int(x) for x in v.split(",") if x],
+        default=[],
+        help="also the new search with these hnsw.ef_search floors, e.g. 60,80",
+    )
+    ap.add_argument("--exact-sample", type=int, default=500, help="rows checked by brute force")
+    ap.add_argument("--pgdata", type=Path, help="a data directory to keep and reuse")
     args = ap.parse_args()
 
     home = Path(tempfile.mkdtemp(prefix="cft-bench-dedup-"))
+    pgdata = args.pgdata or home / "pg"
     url = embedded.start(
-        home / "pg",
+        pgdata,
         tuning={
             "max_connections": "100",
             "timezone": "UTC",
@@ -372,7 +422,7 @@ def main() -> int:
         if args.search_rows:
             search_at_scale(url, args)
     finally:
-        embedded.stop(home / "pg", mode="fast")
+        embedded.stop(pgdata, mode="fast")
     return 0
 
 
