@@ -260,9 +260,10 @@ def test_dropped_listen_connection_still_converges_and_recovers(world: World, en
             # 2. The listener reconnects by itself; then a change reaches routing by NOTIFY,
             #    in milliseconds (far below the TTL).
             def listener_back() -> bool:
-                conn = table._conn  # the route table's own LISTEN connection
-                if conn is None or not table.listening.is_set():
+                conns = table._conns  # the route table's own LISTEN connections
+                if not conns or not table.listening.is_set():
                     return False
+                conn = conns[0]
                 pid = conn.info.backend_pid
                 return pid not in killed and pid in listen_pids(world.db_url)
 
@@ -274,7 +275,8 @@ def test_dropped_listen_connection_still_converges_and_recovers(world: World, en
             world.sql(
                 "UPDATE serve.adapter SET status = 'retired', traffic_pct = 0 WHERE id = %s", new
             )
-            # The listener drops the route and reads it again at once: wait for the new state.
+            # The first NOTIFY of the route since LISTEN: the listener drops the route and reads
+            # it again at once (later ones carry the state). Wait for the new state.
             while (cached := table.peek(route))[0] and cached[1] and cached[1].prod == new:
                 assert time.monotonic() - committed < ttl / 2, "no NOTIFY after reconnect"
                 time.sleep(0.001)
