@@ -126,8 +126,8 @@ class RouteTable:
         self._notify_lock = threading.Lock()
         # Per route, the transaction of its last NOTIFY (absent: unknown, read the route).
         self._last_xid: dict[str, int] = {}
-        # The notifications applied lately (route, xid, snapshot), oldest first.
-        self._seen: dict[tuple[str, int | None, str | None], None] = {}
+        # The payloads with a state taken in lately, oldest first (to drop the second copy).
+        self._seen: dict[str, None] = {}
         self._wake: tuple[int, int] | None = None  # a pipe that wakes the listener to stop
         self._refreshing: set[str] = set()
         self._retry_at: dict[str, float] = {}
@@ -281,17 +281,19 @@ class RouteTable:
             pgconn = conn.pgconn
             pgconn.consume_input()
             while (note := pgconn.notifies()) is not None:
-                self._on_notify(Change.parse(note.extra.decode("utf-8", "replace")))
+                self._on_notify(note.extra.decode("utf-8", "replace"))
 
-    def _on_notify(self, change: Change) -> None:
+    def _on_notify(self, payload: str) -> None:
         """Cache the state a NOTIFY carries, or drop the route and have it read."""
+        if payload in self._seen:
+            # The copy from the other connection. Each delivers in commit order, so taking
+            # the first copy of each keeps that order.
+            return
+        change = Change.parse(payload)
         name = change.route
         if change.complete:
-            # Each connection delivers in commit order, so the first copy of each keeps it.
-            key = (name, change.xid, change.snapshot)
-            if key in self._seen:
-                return  # the copy from the other connection
-            self._seen[key] = None
+            # Unique per transaction and snapshot (a bare route name is not: never dropped).
+            self._seen[payload] = None
             if len(self._seen) > _SEEN:
                 del self._seen[next(iter(self._seen))]
         previous = self._last_xid.pop(name, None)
