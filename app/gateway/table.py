@@ -1,13 +1,13 @@
 """The router's view of routes: a TTL cache kept current by NOTIFY cft_route.
 
 Each commit that changes a route's serving state notifies cft_route with that state
-(sql/serve/route_state.sql). The listener caches it as it arrives, without a query, when the
-payload's snapshot sees the route's previous change (then nothing committed before it can be
-missing); otherwise it drops the route and a reload thread reads it over one kept connection,
-and a call that misses waits for that read. Every lookup first takes in what is already on the
-listener's socket, so once a NOTIFY has reached the router no new call gets the state before
-it. The TTL only covers a lost NOTIFY. Where the milliseconds went: BENCHMARKS.md,
-"Promotion COMMIT -> routed (item 5b)".
+(sql/serve/route_state.sql). The listener (two LISTEN connections, the first copy wins)
+caches it as it arrives, without a query, when the payload's snapshot sees the route's
+previous change (then nothing committed before it can be missing); otherwise it drops the
+route and a reload thread reads it over one kept connection, and a call that misses waits for
+that read. Every lookup first takes in what is already on the listener's sockets, so once a
+NOTIFY has reached the router no new call gets the state before it. The TTL only covers a
+lost NOTIFY. Where the milliseconds went: BENCHMARKS.md, "Promotion COMMIT → routed (item 5b)".
 """
 
 from __future__ import annotations
@@ -39,7 +39,7 @@ log = logging.getLogger("cft.gateway")
 CHANNEL = "cft_route"
 # LISTEN on two connections: each NOTIFY is sent by each listener's own backend, and on a busy
 # machine one backend can wait 10-20 ms for a CPU after the COMMIT while the other does not.
-# The first copy is applied; the other is dropped (BENCHMARKS.md, "Promotion COMMIT -> routed
+# The first copy is applied; the other is dropped (BENCHMARKS.md, "Promotion COMMIT → routed
 # (item 5b)").
 LISTENERS = 2
 # How many recent notifications are remembered to drop their second copy.
