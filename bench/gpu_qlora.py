@@ -16,12 +16,15 @@ TRL's trainers as Unsloth patches them. Unsloth pins trl<=1.15, so its processes
 folder holding unsloth, unsloth_zoo, trl 1.15 and their small deps) ahead of the main site on PYTHONPATH, and
 import unsloth before transformers, as it asks.
 
-Runs on the device machine (see BENCHMARKS.md, "QLoRA on GPU (issue 5)"), from the repo root, with wheels for
-bitsandbytes, trl, datasets, dill, multiprocess and liger-kernel in bench/out/wheels, pydantic (which the
-image lacks) in bench/out/wheels2 and the tokenizer in bench/out/tok:
+Runs on the device machine (see BENCHMARKS.md, "QLoRA on GPU (issue 5)" and "QLoRA against Unsloth"), from
+the repo root, with the packages its image lacks built here by bench/gpu_qlora_wheels.sh into .gpu/ (carry
+.gpu/sites.tar.xz and .gpu/tok):
 
-    python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site bench/out/wheels*/*.whl
-    PYTHONPATH=/tmp/site python3 bench/gpu_qlora.py --method sft --out $OUT
+    tar -C /tmp -xJf .gpu/sites.tar.xz && export PYTHONPATH=/tmp/site
+    python3 bench/gpu_qlora.py --method sft --tok .gpu/tok --peers unsloth --unsloth-site /tmp/site_u --out $OUT
+
+`--tiny` runs the cft configurations on a tiny model on the CPU: a smoke test of this script before a device
+call, nothing more.
 """
 
 from __future__ import annotations
@@ -144,8 +147,18 @@ SFT_CANDIDATES: dict[str, dict[str, Any]] = {
         activation_offloading=True,
     ),
     "default": dict(),
-    # the default with Unsloth's recommended LoRA dropout 0 (issue 26: cft against Unsloth's fast path)
-    "dropout0": dict(dropout=0.0),
+    # the default with the runbook's LoRA dropout (issue 26 round 1 defaulted to it)
+    "dropout005": dict(dropout=0.05),
+    # Issue 26 round 2 (keys starting with "_" are bench knobs, not hyperparameters: `_lm_head_tile` sets
+    # workers.trainer.trl_factory.LM_HEAD_TILE, TRL's own is 32768; `_profile` profiles one optimizer step).
+    # Round 1's default (1024-token rows, ga 8, TRL's tile) at dropout 0:
+    "d0-pack1024-tile32k": dict(max_length=1024, grad_accum=8, _lm_head_tile=32768),
+    "d0-pack2048-tile32k": dict(max_length=2048, grad_accum=4, _lm_head_tile=32768),
+    # two 2048-token rows per micro-batch (4096 tokens, padding-free), ga 2
+    "d0-pack2048x2": dict(max_length=2048, batch_size=2, grad_accum=2),
+    "d0-pack2048-no-offload": dict(max_length=2048, grad_accum=4, activation_offloading=False),
+    "default-profile": dict(max_steps=4, _profile=True),
+    "d0-pack1024": dict(max_length=1024, grad_accum=8),
 }
 DPO_CANDIDATES: dict[str, dict[str, Any]] = {
     "bs1-liger-pre": dict(
@@ -178,6 +191,9 @@ DPO_CANDIDATES: dict[str, dict[str, Any]] = {
         batch_size=2, grad_accum=8, use_liger_kernel=True, activation_offloading=True
     ),
     "default": dict(),
+    "dropout005": dict(dropout=0.05),
+    "d0-bs4x4": dict(batch_size=4, grad_accum=4),
+    "d0-bs2x8-tile32k": dict(batch_size=2, grad_accum=8, _lm_head_tile=32768),
 }
 
 
@@ -193,28 +209,50 @@ UNSLOTH_SFT: dict[str, dict[str, Any]] = {
     "unsloth-pack1024-dropout0": dict(
         batch_size=1, grad_accum=8, max_length=1024, packing=True, dropout=0.0
     ),
+    # Unsloth's own shape (its notebooks: batch 2, no packing, dropout 0) at 16 examples per step
     "unsloth-bs2x8-dropout0": dict(
         batch_size=2, grad_accum=8, max_length=2048, packing=False, dropout=0.0
+    ),
+    # cft's round-2 default shape: packed 2048-token rows, ga 4
+    "unsloth-pack2048-dropout0": dict(
+        batch_size=1, grad_accum=4, max_length=2048, packing=True, dropout=0.0
+    ),
+    "unsloth-pack2048x2-dropout0": dict(
+        batch_size=2, grad_accum=2, max_length=2048, packing=True, dropout=0.0
     ),
 }
 UNSLOTH_DPO: dict[str, dict[str, Any]] = {
     "unsloth-bs1x16": dict(batch_size=1, grad_accum=16, max_length=2048, dropout=0.05),
     "unsloth-bs2x8-dropout0": dict(batch_size=2, grad_accum=8, max_length=2048, dropout=0.0),
+    "unsloth-bs4x4-dropout0": dict(batch_size=4, grad_accum=4, max_length=2048, dropout=0.0),
 }
+
+
+# --tiny: a CPU smoke test of the bench's own code paths (no timing meaning)
+TINY = "--tiny" in sys.argv
+
+
+def _sync() -> None:
+    if torch.cuda.is_available():
+        torch.cuda.synchronize()
+
+
+def _max_mem() -> int:
+    return torch.cuda.max_memory_allocated() if torch.cuda.is_available() else 0
 
 
 def build_model(tok_dir: str) -> str:
     """A random-init ~1.1B Llama with the real tokenizer, saved as a directory cft's loader accepts."""
     tok = AutoTokenizer.from_pretrained(tok_dir)
-    path = os.path.join(tempfile.gettempdir(), "rand-llama-1b")
+    path = os.path.join(tempfile.gettempdir(), "rand-llama-tiny" if TINY else "rand-llama-1b")
     if not os.path.exists(os.path.join(path, "cft_base.json")):
         cfg = LlamaConfig(
             vocab_size=len(tok),
-            hidden_size=2048,
-            intermediate_size=5632,
-            num_hidden_layers=22,
-            num_attention_heads=32,
-            num_key_value_heads=4,
+            hidden_size=64 if TINY else 2048,
+            intermediate_size=128 if TINY else 5632,
+            num_hidden_layers=2 if TINY else 22,
+            num_attention_heads=4 if TINY else 32,
+            num_key_value_heads=2 if TINY else 4,
             max_position_embeddings=4096,
             tie_word_embeddings=False,
             bos_token_id=tok.bos_token_id,
@@ -222,7 +260,10 @@ def build_model(tok_dir: str) -> str:
             pad_token_id=tok.pad_token_id,
         )
         torch.manual_seed(0)
-        m = LlamaForCausalLM(cfg).to(torch.bfloat16)
+        # random init on the GPU when there is one: on the CPU it took minutes of a device call
+        with torch.device("cuda" if torch.cuda.is_available() else "cpu"):
+            m = LlamaForCausalLM(cfg).to(torch.bfloat16)
+        m = m.to("cpu")
         print(
             f"model: random Llama, {sum(p.numel() for p in m.parameters()) / 1e9:.2f} B params",
             flush=True,
@@ -275,21 +316,92 @@ class Meter(TrainerCallback):
         self.setup_peak = 0
 
     def on_train_begin(self, args, state, control, **kw):
-        torch.cuda.synchronize()
-        self.setup_peak = torch.cuda.max_memory_allocated()
-        torch.cuda.reset_peak_memory_stats()
+        _sync()
+        self.setup_peak = _max_mem()
+        if torch.cuda.is_available():
+            torch.cuda.reset_peak_memory_stats()
 
     def on_step_begin(self, args, state, control, **kw):
         if state.global_step == self.warmup:
-            torch.cuda.synchronize()
+            _sync()
             self.t0 = time.perf_counter()
             self.tok0 = state.num_input_tokens_seen
 
     def on_train_end(self, args, state, control, **kw):
-        torch.cuda.synchronize()
+        _sync()
         self.t1 = time.perf_counter()
-        self.train_peak = torch.cuda.max_memory_allocated()
+        self.train_peak = _max_mem()
         self.tokens = state.num_input_tokens_seen
+
+
+# Kernel-name groups for the profile's summary (substrings, first match wins).
+KERNEL_GROUPS = (
+    ("bnb 4-bit dequantisation", ("dequantize", "kDequantize")),
+    ("GEMM", ("gemm", "nvjet", "sm90_", "cutlass", "cublas", "matmul")),
+    ("attention", ("flash", "fmha", "attention", "efficient")),
+    ("copies host<->device", ("Memcpy HtoD", "Memcpy DtoH")),
+    ("Triton (Liger, TRL head)", ("triton", "liger", "_kernel")),
+    ("elementwise / reduce / copy", ("elementwise", "reduce", "Memcpy", "Memset", "copy", "fill")),
+)
+
+
+class Profile(TrainerCallback):
+    """torch.profiler over one optimizer step (the one after warm-up): where the GPU's time goes."""
+
+    def __init__(self, step: int, out: str, name: str) -> None:
+        self.step, self.out, self.name = step, out, name
+        self.prof: Any = None
+        self.t0 = 0.0
+
+    def on_step_begin(self, args, state, control, **kw):
+        if state.global_step == self.step:
+            from torch.profiler import ProfilerActivity, profile
+
+            acts = [ProfilerActivity.CPU]
+            if torch.cuda.is_available():
+                acts.append(ProfilerActivity.CUDA)
+            _sync()
+            self.prof = profile(activities=acts)
+            self.prof.__enter__()
+            self.t0 = time.perf_counter()
+
+    def on_step_end(self, args, state, control, **kw):
+        if self.prof is None:
+            return
+        _sync()
+        wall = time.perf_counter() - self.t0
+        self.prof.__exit__(None, None, None)
+        events = self.prof.key_averages()
+        attr = "self_device_time_total" if torch.cuda.is_available() else "self_cpu_time_total"
+        groups: dict[str, float] = {}
+        gpu = 0.0
+        for e in events:
+            t = float(getattr(e, attr, 0.0) or 0.0)
+            if t <= 0 or (torch.cuda.is_available() and e.device_type.name != "CUDA"):
+                continue
+            gpu += t
+            key = next(
+                (g for g, subs in KERNEL_GROUPS if any(x.lower() in e.key.lower() for x in subs)),
+                "other",
+            )
+            groups[key] = groups.get(key, 0.0) + t
+        table = events.table(sort_by=attr, row_limit=40)
+        launches = sum(e.count for e in events if "LaunchKernel" in e.key)
+        summary = {
+            "wall_s": round(wall, 3),
+            "gpu_kernel_s": round(gpu / 1e6, 3),
+            "gpu_busy": round(gpu / 1e6 / wall, 3) if wall else None,
+            "kernel_launches": launches,
+            "groups_s": {
+                k: round(v / 1e6, 3) for k, v in sorted(groups.items(), key=lambda kv: -kv[1])
+            },
+        }
+        Path(self.out).mkdir(parents=True, exist_ok=True)
+        Path(self.out, f"profile_{self.name}.txt").write_text(
+            json.dumps(summary, indent=1) + "\n" + table
+        )
+        print("PROFILE", json.dumps(summary), flush=True)
+        self.prof = None
 
 
 PRECOMPUTE_S = [0.0]
@@ -386,19 +498,35 @@ def run_runbook(method: str, model_path: str, tok, rows, steps: int, warmup: int
 
 
 def run_cft(
-    method: str, params: dict[str, Any], model_path: str, rows, steps: int, warmup: int
+    method: str,
+    params: dict[str, Any],
+    model_path: str,
+    rows,
+    steps: int,
+    warmup: int,
+    out_dir: str = "",
+    name: str = "",
 ) -> dict[str, Any]:
     """One candidate through the worker's code path: Hyperparameters -> train_adapter."""
     from app.training.methods import Hyperparameters
+    from workers.trainer import trl_factory
     from workers.trainer.base_cache import BaseCache
     from workers.trainer.train import train_adapter
 
+    knobs = {k: v for k, v in params.items() if k.startswith("_")}
+    params = {k: v for k, v in params.items() if not k.startswith("_")}
+    if "_lm_head_tile" in knobs:
+        trl_factory.LM_HEAD_TILE = knobs["_lm_head_tile"]
     hp = Hyperparameters(**{"max_steps": steps, "seed": 0, **params})
+    steps = hp.max_steps
     work = Path(tempfile.mkdtemp(prefix=f"cft-{method}-"))
     data = work / "train.jsonl"
     data.write_text("".join(json.dumps(r) + "\n" for r in rows))
     wall0 = time.perf_counter()
     meter = Meter(warmup)
+    extra: list[Any] = [meter]
+    if knobs.get("_profile"):
+        extra.append(Profile(warmup, out_dir, name))
     res = train_adapter(
         method,
         data,
@@ -408,7 +536,7 @@ def run_cft(
         models_dir=work / "models",
         params=hp,
         bases=BaseCache(),
-        callbacks=[meter],
+        callbacks=extra,
     )
     out = result(meter, steps, warmup, res.metrics["train_loss"], wall0)
     out["resolved"] = {
@@ -419,6 +547,10 @@ def run_cft(
             "activation_offloading",
             "precompute_ref_log_probs",
             "optimizer",
+            "batch_size",
+            "grad_accum",
+            "max_length",
+            "peak_vram_gib",
         )
     }
     out["hyperparameters"] = {
@@ -487,7 +619,10 @@ def run_unsloth(
         )
     out = tr.train()
     res = result(meter, steps, warmup, out.training_loss, wall0)
-    res["unsloth"] = {k: v for k, v in params.items()}
+    import trl
+    import unsloth
+
+    res["unsloth"] = {**params, "version": unsloth.__version__, "trl": trl.__version__}
     return res
 
 
@@ -510,6 +645,8 @@ def main() -> int:
     ap.add_argument("--only", default="", help="comma-separated candidate names (default: all)")
     ap.add_argument("--single", default="", help="internal: run one configuration in this process")
     ap.add_argument("--peers", default="", help="comma-separated peers to run as well: unsloth")
+    ap.add_argument("--tiny", action="store_true", help="a tiny model on the CPU: smoke test only")
+    ap.add_argument("--no-runbook", action="store_true", help="skip the runbook (no ratios)")
     ap.add_argument(
         "--unsloth-site",
         default="",
@@ -524,6 +661,10 @@ def main() -> int:
         # --only picks among the peer's configurations too when it names any of them
         wanted = [n for n in peers if n in a.only.split(",")]
         names += wanted or list(peers)
+    if a.only:
+        # in --only's order: a call cut short at its time limit keeps the first ones
+        order = a.only.split(",")
+        names.sort(key=lambda n: order.index(n) if n in order else len(order))
 
     if a.single:
         logging.basicConfig(level=logging.WARNING)
@@ -532,7 +673,7 @@ def main() -> int:
         steps = a.runbook_steps if a.single == "runbook" else a.steps
         # SFT: one pool, every run packs or batches from it. DPO: exactly the pairs the run trains on
         # (16 per optimizer step), so a precomputed reference pass costs what one epoch of them costs.
-        rows = sft_data(2000) if a.method == "sft" else dpo_data(steps * 16)
+        rows = sft_data(200 if TINY else 2000) if a.method == "sft" else dpo_data(steps * 16)
         time_precompute()
         try:
             if a.single == "runbook":
@@ -540,7 +681,9 @@ def main() -> int:
             elif a.single in peers:
                 res = run_unsloth(a.method, peers[a.single], model_path, rows, steps, a.warmup)
             else:
-                res = run_cft(a.method, cands[a.single], model_path, rows, steps, a.warmup)
+                res = run_cft(
+                    a.method, cands[a.single], model_path, rows, steps, a.warmup, a.out, a.single
+                )
         except (
             Exception
         ) as exc:  # an OOM or an unsupported option must not lose the other configurations
@@ -562,31 +705,16 @@ def main() -> int:
         print("liger-kernel unavailable:", exc)
         liger = False
     print(
-        f"device {torch.cuda.get_device_name(0)} torch {torch.__version__} transformers {transformers.__version__} "
+        f"device {torch.cuda.get_device_name(0) if torch.cuda.is_available() else 'cpu'} torch {torch.__version__} transformers {transformers.__version__} "
         f"peft {peft.__version__} trl {trl.__version__} bitsandbytes {bitsandbytes.__version__} liger {liger}",
         flush=True,
     )
-    if a.peers:
-        probe = subprocess.run(
-            [
-                sys.executable,
-                "-c",
-                "import unsloth, trl; print('unsloth', unsloth.__version__, 'trl', trl.__version__)",
-            ],
-            capture_output=True,
-            text=True,
-            env=_peer_env("unsloth", a.unsloth_site),
-        )
-        print(
-            probe.stdout.strip()[-300:] or f"unsloth import failed: {probe.stderr[-1500:]}",
-            flush=True,
-        )
     build_model(a.tok)
 
     # One fresh process per configuration: in one process the freed model's memory was not all returned
     # (the load peak grew ~0.2 GiB per configuration), which would bias every peak after the first.
     results = []
-    for name in ["runbook", *names]:
+    for name in names if a.no_runbook else ["runbook", *names]:
         cmd = [sys.executable, __file__, *sys.argv[1:], "--single", name]
         proc = subprocess.run(
             cmd, capture_output=True, text=True, env=_peer_env(name, a.unsloth_site)
@@ -600,9 +728,13 @@ def main() -> int:
             res = {"method": a.method, "name": name, "ok": False, "error": proc.stderr[-1500:]}
         print("RESULT", json.dumps(res), flush=True)
         results.append(res)
+        Path(a.out).mkdir(parents=True, exist_ok=True)
+        Path(a.out, f"gpu_qlora_{a.method}.json").write_text(
+            json.dumps({"results": results}, indent=2)
+        )
 
-    base = results[0]
-    ok = [r for r in results[1:] if r.get("ok")]
+    base = {} if a.no_runbook else results[0]
+    ok = [r for r in results[0 if a.no_runbook else 1 :] if r.get("ok")]
     for r in ok:
         if base.get("ok"):
             r["speedup"] = round(r["tokens_per_s"] / base["tokens_per_s"], 2)
@@ -635,7 +767,7 @@ def main() -> int:
     Path(a.out, f"gpu_qlora_{a.method}.json").write_text(
         json.dumps({"results": results, "best": best}, indent=2)
     )
-    return 0 if base.get("ok") else 1
+    return 0 if base.get("ok") or a.no_runbook else 1
 
 
 if __name__ == "__main__":

@@ -1,14 +1,15 @@
 """The training methods and their hyperparameters, defined once for the API and the trainer.
 
-Defaults follow the seed's QLoRA runbook (r=8, alpha=16, dropout 0.05, q/k/v/o, lr 2e-4,
-cosine, warmup 3 %, batch 1 x grad-accum 16, 3 epochs, max_length 2048). Pure pydantic: the
-control plane imports it without loading any ML library.
+Defaults follow the seed's QLoRA runbook (r=8, alpha=16, q/k/v/o, lr 2e-4, cosine, warmup 3 %,
+batch 1 x grad-accum 16, 3 epochs, max_length 2048), except LoRA dropout: 0 (Unsloth's default;
+PEFT then skips the dropout copy of each adapted layer's input, BENCHMARKS.md "QLoRA against
+Unsloth"). Pure pydantic: the control plane imports it without loading any ML library.
 
 Speed settings (packing, padding_free, use_liger_kernel, activation_offloading,
 precompute_ref_log_probs) default to None: the trainer picks them per device and method, and
 fills in an unset batch shape (`workers.trainer.plan.resolve_hyperparameters`; only what the
-caller set is stored on the run, so the worker can tell). BENCHMARKS.md "QLoRA on GPU (issue 5)"
-measured the CUDA defaults at 3.1x (SFT) and 1.8x (DPO) the runbook's tokens/s at lower VRAM.
+caller set is stored on the run, so the worker can tell). BENCHMARKS.md "QLoRA against Unsloth"
+measured the CUDA defaults at 4.8x (SFT) and 2.2x (DPO) the runbook's tokens/s.
 """
 
 from __future__ import annotations
@@ -29,7 +30,7 @@ class Hyperparameters(BaseModel):
 
     rank: int = Field(8, ge=1, le=1024, description="LoRA rank r.")
     alpha: int = Field(16, ge=1, le=4096, description="LoRA alpha.")
-    dropout: float = Field(0.05, ge=0, lt=1, description="LoRA dropout.")
+    dropout: float = Field(0.0, ge=0, lt=1, description="LoRA dropout.")
     target_modules: list[str] = Field(
         default_factory=lambda: ["q_proj", "k_proj", "v_proj", "o_proj"],
         min_length=1,

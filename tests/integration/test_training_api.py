@@ -42,7 +42,7 @@ def test_training_run_lifecycle_over_http(api, conn) -> None:  # type: ignore[no
     assert r.status_code == 201, r.text
     run = r.json()
     assert run["status"] == "queued" and run["base_model"] == "smollm2-135m-instruct"
-    assert run["hyperparameters"]["rank"] == 16 and run["hyperparameters"]["dropout"] == 0.05
+    assert run["hyperparameters"]["rank"] == 16 and run["hyperparameters"]["dropout"] == 0.0
     assert run["hyperparameters"]["target_modules"] == ["q_proj", "k_proj", "v_proj", "o_proj"]
 
     got = httpx.get(f"{api}/v1/training-runs/{run['id']}", headers=_h(reader)).json()

@@ -21,6 +21,21 @@ from workers.trainer.plan import device_setup, speed_setup
 
 log = logging.getLogger(__name__)
 
+# Vocabulary columns per logit tile of TRL's fused LM head (SFT, DPO, KTO). TRL's 32768 made the
+# tile [tokens x 32768] bf16, 128 MiB for a 2048-token micro-batch: the largest transient of a
+# 1B QLoRA step. 8192 columns cost a few more, still large GEMMs and leave room for longer
+# micro-batches under the same peak (BENCHMARKS.md "QLoRA against Unsloth"). CUDA only: the CPU
+# keeps TRL's own.
+LM_HEAD_TILE = 8192
+
+
+def narrow_lm_head_tile(cuda: bool) -> None:
+    """Set TRL's fused-LM-head tile width for this process (read by TRL at each forward)."""
+    if cuda:
+        import trl.trainer.utils as trl_utils
+
+        trl_utils._CHUNKED_LOGPROB_CHUNK_SIZE = LM_HEAD_TILE
+
 
 def trl_config(method: str, hp: Hyperparameters, out_dir: Path, has_eval: bool) -> Any:
     """The TRL config of the method's trainer for one run."""
@@ -135,7 +150,8 @@ def build_trainer(
     from datasets import Dataset
     from peft import LoraConfig
 
-    _, _, checkpointing = device_setup(hp)
+    cuda, _, checkpointing = device_setup(hp)
+    narrow_lm_head_tile(cuda)
     model = base.model
     if not checkpointing:
         checkpointing_off(model)  # a previous run on this base may have turned it on
