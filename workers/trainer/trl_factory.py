@@ -22,7 +22,7 @@ from workers.trainer.plan import device_setup, speed_setup
 log = logging.getLogger(__name__)
 
 # Vocabulary columns per logit tile of TRL's fused LM head (SFT, DPO, KTO). TRL's 32768 made the
-# tile [tokens x 32768] bf16, 128 MiB for a 2048-token micro-batch: the largest transient of a
+# tile [scored tokens x 32768] bf16, up to 128 MiB at 2048 tokens: the largest transient of a
 # 1B QLoRA step. 8192 columns cost a few more, still large GEMMs and leave room for longer
 # micro-batches under the same peak (BENCHMARKS.md "QLoRA against Unsloth"). CUDA only: the CPU
 # keeps TRL's own.
