@@ -150,6 +150,7 @@ class LogSink:
     def __init__(self, url: str, settings: Settings) -> None:
         self.url = url
         self.settings = settings
+        self.secret = user_secret(settings)
         self._conn: Connection | None = None
 
     def __call__(self, batch: list[dict[str, Any]]) -> None:
@@ -159,12 +160,24 @@ class LogSink:
             by_tenant[int(rec.pop(TENANT_KEY))].append(rec)
         conn = self._conn
         if conn is None or conn.closed:
+            # prepare_threshold=None: every batch is a new text, so psycopg's count of texts
+            # towards preparing them is pure cost.
             conn = self._conn = psycopg.connect(
-                self.url, autocommit=True, row_factory=dict_row, application_name="cft-router-logs"
+                self.url,
+                autocommit=True,
+                row_factory=dict_row,
+                application_name="cft-router-logs",
+                prepare_threshold=None,
             )
         try:
             for tenant_id, records in by_tenant.items():
-                logs.log_batch(conn, tenant_id=tenant_id, records=records, settings=self.settings)
+                logs.log_batch(
+                    conn,
+                    tenant_id=tenant_id,
+                    records=records,
+                    settings=self.settings,
+                    secret=self.secret,
+                )
         except BaseException:
             # Closing also rolls back the tenant's transaction if it is still open.
             self.close()
@@ -189,7 +202,8 @@ def start(
     the running event loop)."""
     engines = EnginePool(engine_urls, timeout=settings.engine_timeout)
     running = reconciler(db_url, engines.engines, settings) if reconciler else None
-    # No on_change kick: the reconciler LISTENs on the same channel and passes on the NOTIFY.
+    # No on_change kick: the reconciler LISTENs on cft_adapter, which every change of an
+    # adapter notifies, and passes on it.
     table = RouteTable(db_url, ttl=settings.route_cache_ttl)
     table.start()
     if running is not None:

@@ -161,6 +161,7 @@ def log_batch(
     tenant_id: int,
     records: Sequence[dict[str, Any]],
     settings: Settings | None = None,
+    secret: bytes | None = None,
 ) -> None:
     """Log records for a tenant in a transaction of its own, in one round trip.
 
@@ -170,9 +171,10 @@ def log_batch(
     the rows not yet logged, the regeneration links, COMMIT. On an error the transaction is
     left aborted: close or roll back the connection. A concurrent request logging one of the
     same ids raises unique_violation; a retry then finds that row and skips it (idempotent by
-    request_id). Raises InvalidRecord before sending anything if a record is invalid.
+    request_id). Raises InvalidRecord before sending anything if a record is invalid. secret:
+    the pseudonym key, when the caller holds it (see `prepare`).
     """
-    prepared = prepare(records, settings=settings)
+    prepared = prepare(records, settings=settings, secret=secret)
     if not prepared.lines:
         return
     tenant = {"tenant_id": int(tenant_id)}

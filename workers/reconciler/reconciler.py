@@ -46,11 +46,14 @@ from app.core.config import Settings, get_settings
 from app.core.db import Connection
 from app.core.metrics import COLD_STARTS, RECONCILER_ERRORS, ROUTER_ACTIVE_ADAPTERS
 from app.gateway.engines import EngineState, model_ids
-from app.gateway.table import CHANNEL
 from workers.reconciler import protocols
 from workers.reconciler.protocols import Outcome
 
 log = logging.getLogger("cft.reconciler")
+
+# serve.adapter's change trigger (sql/serve/adapter_audit.sql) notifies here on every change of
+# an adapter; the router's route cache has a channel of its own (app/gateway/table.py).
+CHANNEL = "cft_adapter"
 
 # A refused artefact (sha256 mismatch, fetch failure) is retried after this many seconds.
 RETRY_FAILED_AFTER = 60.0
