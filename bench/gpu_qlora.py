@@ -213,6 +213,10 @@ UNSLOTH_SFT: dict[str, dict[str, Any]] = {
     "unsloth-bs2x8-dropout0": dict(
         batch_size=2, grad_accum=8, max_length=2048, packing=False, dropout=0.0
     ),
+    # cft's round-3 default shape on this data: packed 1536-token rows, ga 5
+    "unsloth-pack1536-dropout0": dict(
+        batch_size=1, grad_accum=5, max_length=1536, packing=True, dropout=0.0
+    ),
     # cft's round-2 default shape: packed 2048-token rows, ga 4
     "unsloth-pack2048-dropout0": dict(
         batch_size=1, grad_accum=4, max_length=2048, packing=True, dropout=0.0

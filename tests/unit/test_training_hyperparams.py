@@ -11,7 +11,7 @@ from pydantic import ValidationError
 from app.training.methods import Hyperparameters
 from workers.trainer.base_cache import base_fingerprint, restore_dtypes
 from workers.trainer.data import TrainingDataError, check_rows
-from workers.trainer.plan import resolve_hyperparameters, speed_setup
+from workers.trainer.plan import MIN_PACK_LENGTH, resolve_hyperparameters, speed_setup
 
 
 def test_runbook_defaults_and_non_reentrant_checkpointing() -> None:
@@ -89,19 +89,23 @@ def _sft_rows(lengths: list[int]) -> list[dict[str, object]]:
     return check_rows("sft", chats, "train")
 
 
-def test_packed_rows_are_max_length_and_keep_the_step_size() -> None:
+def test_packed_rows_follow_the_longest_example_and_keep_the_step_size() -> None:
     tok = _tokenizer()
-    # 7 template tokens + n words per chat; rows of max_length (2048) tokens.
+    # 7 template tokens + n words per chat: longest 1207 -> rows of MIN_PACK_LENGTH (1536).
     rows = _sft_rows([200, 400, 1200])
     hp, speed = resolve_hyperparameters("sft", Hyperparameters(), True, rows, tok)
     assert speed.packing and speed.offload
     mean = (207 + 407 + 1207) / 3
-    assert hp.max_length == 2048 and hp.grad_accum == math.ceil(16 * mean / 2048)
+    assert hp.max_length == MIN_PACK_LENGTH == 1536
+    assert hp.grad_accum == math.ceil(16 * mean / 1536)
+    # A longer example: rows as long as it (a multiple of 64), max_length stays the cap.
+    long, _ = resolve_hyperparameters("sft", Hyperparameters(), True, _sft_rows([200, 1700]), tok)
+    assert long.max_length == 1728
     short, _ = resolve_hyperparameters("sft", Hyperparameters(), True, _sft_rows([10, 20]), tok)
-    assert short.max_length == 2048 and short.grad_accum == 1
+    assert short.max_length == MIN_PACK_LENGTH and short.grad_accum == 1
     # batch_size 2: two rows per micro-batch and the tokens of 2 x 16 examples per step.
     two, _ = resolve_hyperparameters("sft", Hyperparameters(batch_size=2), True, rows, tok)
-    assert two.grad_accum == math.ceil(2 * 16 * mean / 4096)
+    assert two.grad_accum == math.ceil(2 * 16 * mean / (2 * 1536))
     capped, _ = resolve_hyperparameters(
         "sft", Hyperparameters(max_length=512), True, _sft_rows([900]), tok
     )

@@ -72,6 +72,14 @@ def speed_setup(
     return SpeedSetup(packing, padding_free, liger, offload=offload, precompute=precompute)
 
 
+# The shortest packed SFT row on CUDA. Rows follow the data (as long as the longest example, up to
+# max_length) so peak memory follows it as the runbook's does, with this floor: fewer, longer
+# micro-batches train faster at this size (issue 5: 1536-token rows 3896 tok/s vs 1024-token rows
+# 3149, 2048 no faster at 3937), and 2048-token rows went 2.4 % over the runbook's peak VRAM
+# (BENCHMARKS.md "QLoRA against Unsloth").
+MIN_PACK_LENGTH = 1536
+
+
 def _token_lengths(rows: list[dict[str, Any]], tokenizer: Any) -> list[int]:
     """Tokens of each prompt-completion row as the chat template renders it."""
     texts = [
@@ -85,14 +93,12 @@ def resolve_hyperparameters(
 ) -> tuple[Hyperparameters, SpeedSetup]:
     """The settings a run trains with: what the caller set, else the measured CUDA defaults.
 
-    Packed SFT rows are max_length tokens (2048 unless given): a 1B QLoRA step is bound by
-    per-micro-batch overhead (kernel launches, 4-bit dequantisation per layer), so fewer, longer
-    micro-batches train faster; 2048-token rows ran 1.2x the 1024-token rows of issue 5 under
-    Unsloth's peak VRAM (BENCHMARKS.md "QLoRA against Unsloth"). grad_accum, unless given, keeps
-    an optimizer step at about the tokens of `batch_size x grad_accum` examples. DPO on CUDA
-    with batch_size and grad_accum left unset runs 2 pairs per micro-batch and half the
-    accumulation (the same pairs per step); KTO with batch_size unset runs 2 examples per
-    micro-batch (TRL's KTO needs 2 or more).
+    Packed SFT rows are as long as the longest example (at least MIN_PACK_LENGTH tokens, at most
+    max_length) unless max_length was given; grad_accum, unless given, keeps an optimizer step at
+    about the tokens of `batch_size x grad_accum` examples. DPO on CUDA with batch_size and
+    grad_accum left unset runs 2 pairs per micro-batch and half the accumulation (the same pairs
+    per step); KTO with batch_size unset runs 2 examples per micro-batch (TRL's KTO needs 2 or
+    more).
     """
     speed = speed_setup(method, hp, cuda, n_train=len(rows))
     given = hp.model_fields_set
@@ -105,10 +111,13 @@ def resolve_hyperparameters(
     }
     if speed.packing and rows:
         lengths = [min(n, hp.max_length) for n in _token_lengths(rows, tokenizer)]
+        row = hp.max_length
+        if "max_length" not in given:
+            row = min(hp.max_length, max(MIN_PACK_LENGTH, -(-max(lengths) // 64) * 64))
+            update["max_length"] = row
         if "grad_accum" not in given:
             tokens_per_step = hp.grad_accum * hp.batch_size * sum(lengths) / len(lengths)
-            per_micro_batch = hp.max_length * hp.batch_size
-            update["grad_accum"] = max(1, math.ceil(tokens_per_step / per_micro_batch))
+            update["grad_accum"] = max(1, math.ceil(tokens_per_step / (row * hp.batch_size)))
     elif (
         method == "dpo"
         and cuda
