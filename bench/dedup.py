@@ -23,7 +23,12 @@ alternating rounds of `BEGIN; SELECT fn(0.2, 10, --search-batch); ROLLBACK` from
 --sessions sessions (each round searches the same newest queued rows), with the edges each
 found compared, and with the exact (sequential-scan) kNN edges of the newest
 --exact-sample rows. --ef 80,120 adds the new search with those hnsw.ef_search floors;
---pgdata keeps the loaded database for a second run. --weekly gives the loaded rows weekly
+--bq 2,4:80 adds the search over an HNSW index on the binary quantisation
+(`binary_quantize(embedding)::bit(384)`, Hamming distance) whose M * (k + 1) nearest are
+re-ranked by the exact cosine distance (M:EF: hnsw.ef_search EF), prints that index's build
+time and size, and times --insert-rows new embeddings inserted with only the halfvec index,
+only the bit index, or neither (the embedder's HNSW insert). --pgdata keeps the loaded
+database for a second run. --weekly gives the loaded rows weekly
 partitions first (the maintenance worker's obs.move_default_rows; without it, rows older than
 last week stay in DEFAULT).
 """
@@ -152,6 +157,94 @@ def ef_variant(ef: int) -> tuple[str, str]:
     return name, sql
 
 
+# Binary quantisation (--bq): an HNSW index over the sign bits of the embedding (48 B a vector
+# at 384 dims, Hamming distance), its c nearest re-ranked by the exact cosine distance.
+BQ_INDEX = "bench_bq_idx"
+BQ_DDL = (
+    f"CREATE INDEX {BQ_INDEX} ON obs.prompt_embedding"
+    " USING hnsw ((binary_quantize(embedding)::bit(384)) bit_hamming_ops)"
+)
+HALFVEC_LATERAL = """        SELECT n.log_id AS id, n.created_at, n.embedding <=> q.embedding AS dist
+          FROM obs.prompt_embedding n
+         WHERE n.tenant_id = q.tenant_id AND n.route = q.route
+         ORDER BY n.embedding <=> q.embedding
+         LIMIT p_neighbours + 1) nb"""
+BQ_LATERAL = """        SELECT cand.id, cand.created_at, cand.dist FROM (
+          SELECT n.log_id AS id, n.created_at, n.embedding <=> q.embedding AS dist
+            FROM obs.prompt_embedding n
+           WHERE n.tenant_id = q.tenant_id AND n.route = q.route
+           ORDER BY binary_quantize(n.embedding)::bit(384)
+                    <~> binary_quantize(q.embedding)::bit(384)
+           LIMIT {mult} * (p_neighbours + 1)) cand
+         ORDER BY cand.dist
+         LIMIT p_neighbours + 1) nb"""
+
+
+def bq_variant(spec: str) -> tuple[str, str, str]:
+    """The search over the bit index, spec "M" or "M:EF": c = M * (k + 1) Hamming candidates,
+    hnsw.ef_search max(EF or c, 40); returns (label, function name, its CREATE FUNCTION)."""
+    mult, _, ef = spec.partition(":")
+    label = f"bq{mult}" + (f"e{ef}" if ef else "")
+    name = f"bench_{label}.compute_prompt_neighbours"
+    floor = ef or f"{int(mult)} * (p_neighbours + 1)"
+    assert HALFVEC_LATERAL in NEW_SEARCH
+    sql = (
+        NEW_SEARCH.replace("obs.compute_prompt_neighbours(", name + "(", 1)
+        .replace(HALFVEC_LATERAL, BQ_LATERAL.format(mult=int(mult)))
+        .replace("greatest(2 * p_neighbours, 40)", f"greatest({floor}, 40)")
+    )
+    return label, name, sql
+
+
+def insert_cost(conn: Any, rows: int, rounds: int) -> None:
+    """The embedder's HNSW insert: `rows` new random embeddings into obs.prompt_embedding with
+    only the halfvec index, only the bit index, or neither (each rolled back), alternating."""
+    tenant = conn.execute("SELECT id FROM tenant WHERE name = 'bench-search'").fetchone()["id"]
+    conn.execute(
+        """CREATE TEMP TABLE bench_ins AS
+           SELECT -g::bigint AS log_id, now() + g * interval '1 ms' AS created_at,
+                  %s::int AS tenant_id, 'bench-route'::text AS route,
+                  (SELECT array_agg((random() - 0.5)::real) FROM generate_series(1, 384)
+                    WHERE g > 0)::halfvec(384) AS embedding
+             FROM generate_series(1, %s) g""",
+        (tenant, rows),
+    )
+    drop = {
+        "halfvec": [BQ_INDEX],
+        "bit": ["prompt_embedding_embedding_idx"],
+        "none": [BQ_INDEX, "prompt_embedding_embedding_idx"],
+    }
+    took: dict[str, list[float]] = {}
+    kinds = list(drop)
+    for r in range(rounds):
+        for kind in kinds[r % 3 :] + kinds[: r % 3]:
+            try:
+                with conn.transaction():
+                    for idx in drop[kind]:
+                        conn.execute(f"DROP INDEX obs.{idx}")
+                    conn.execute(
+                        "INSERT INTO obs.prompt_neighbour_scan (log_id, created_at, tenant_id,"
+                        " route) SELECT log_id, created_at, tenant_id, route FROM bench_ins"
+                    )
+                    t = time.perf_counter()
+                    conn.execute("INSERT INTO obs.prompt_embedding SELECT * FROM bench_ins")
+                    took.setdefault(kind, []).append(time.perf_counter() - t)
+                    raise psycopg.Rollback()
+            except psycopg.Rollback:
+                pass
+    none = statistics.median(took["none"])
+    print(
+        f"insert of {rows} rows into obs.prompt_embedding, median of {rounds} (load {load_avg()}):"
+    )
+    for kind in kinds:
+        sec = statistics.median(took[kind])
+        print(
+            f"  index {kind:>7}: {rows / sec:>6.0f} rows/s ({1000 * sec / rows:.2f} ms/row,"
+            f" the index's own {1000 * (sec - none) / rows:.2f} ms/row)"
+            f"  rounds {', '.join(f'{x:.2f}' for x in took[kind])} s"
+        )
+
+
 def load_avg() -> str:
     return "/".join(f"{x:.1f}" for x in os.getloadavg())
 
@@ -246,6 +339,24 @@ def load_search_scale(conn: Any, rows: int, *, weekly: bool) -> str:
     )
 
 
+def build_bq_index(conn: Any) -> str:
+    """Build the bit HNSW index of --bq on obs.prompt_embedding (unless there); its size."""
+    t = time.perf_counter()
+    if not conn.execute("SELECT to_regclass(%s) AS r", (f"obs.{BQ_INDEX}",)).fetchone()["r"]:
+        conn.execute(BQ_DDL)
+        conn.execute("ANALYZE obs.prompt_embedding")
+    built = time.perf_counter() - t
+    size = conn.execute(
+        "SELECT count(*) AS n, pg_relation_size('obs.prompt_embedding_embedding_idx') AS hv,"
+        f" pg_relation_size('obs.{BQ_INDEX}') AS bq FROM obs.prompt_embedding"
+    ).fetchone()
+    return (
+        f"bit HNSW index (binary_quantize(embedding)::bit(384) bit_hamming_ops): built in"
+        f" {built:.0f} s, {size['bq'] / size['n']:.0f} B/row ({size['bq'] / 2**20:.1f} MiB);"
+        f" halfvec HNSW {size['hv'] / size['n']:.0f} B/row ({size['hv'] / 2**20:.1f} MiB)"
+    )
+
+
 def search_round(url: str, fn: str, sessions: int, batch: int) -> tuple[int, float, set[Any]]:
     """`sessions` concurrent `BEGIN; SELECT fn(0.2, 10, batch); ROLLBACK`: rows, wall s, edges."""
     start = threading.Barrier(sessions)
@@ -324,6 +435,13 @@ def search_at_scale(url: str, args: argparse.Namespace) -> None:
             conn.execute(f"CREATE SCHEMA IF NOT EXISTS {name.split('.')[0]}")
             conn.execute(sql)
             search[f"ef{ef}"] = name
+        if args.bq:
+            print(build_bq_index(conn), flush=True)
+        for spec in args.bq:
+            label, name, sql = bq_variant(spec)
+            conn.execute(f"CREATE SCHEMA IF NOT EXISTS {name.split('.')[0]}")
+            conn.execute(sql)
+            search[label] = name
         queued = conn.execute(
             "SELECT count(*) AS n FROM obs.prompt_neighbour_scan WHERE radius IS NULL"
         ).fetchone()["n"]
@@ -357,6 +475,13 @@ def search_at_scale(url: str, args: argparse.Namespace) -> None:
                 f"median, {sessions} session(s): before {b:.0f} rows/s, {kind} {a:.0f} rows/s:"
                 f" x{a / b:.2f}"
             )
+    for sessions in sorted({1, args.sessions}):
+        b = statistics.median(rates[("now", sessions)])
+        for kind in kinds[2:]:
+            a = statistics.median(rates[(kind, sessions)])
+            print(
+                f"median, {sessions} session(s): now {b:.0f} rows/s, {kind} {a:.0f}: x{a / b:.2f}"
+            )
     old, new = found["before"], found["now"]
     print(
         f"edges of one batch: before {len(old)}, now {len(new)}, both {len(old & new)},"
@@ -376,6 +501,9 @@ def search_at_scale(url: str, args: argparse.Namespace) -> None:
             f" near {len(near & edges)}/{len(near)},"
             f" all {100 * len(set(exact) & edges) / max(len(exact), 1):.1f}%"
         )
+    if args.bq and args.insert_rows:
+        with psycopg.connect(url, autocommit=True, row_factory=dict_row) as conn:
+            insert_cost(conn, args.insert_rows, args.insert_rounds)
 
 
 def main() -> int:
@@ -398,6 +526,15 @@ def main() -> int:
         default=[],
         help="also the new search with these hnsw.ef_search floors, e.g. 60,80",
     )
+    ap.add_argument(
+        "--bq",
+        type=lambda v: [x for x in v.split(",") if x],
+        default=[],
+        help="also the search over a bit (binary-quantised) HNSW index with an exact re-rank:"
+        " M or M:EF per variant, M * (k + 1) candidates, e.g. 2,4,4:80",
+    )
+    ap.add_argument("--insert-rows", type=int, default=2_000, help="rows per --bq insert round")
+    ap.add_argument("--insert-rounds", type=int, default=3, help="--bq insert rounds per index")
     ap.add_argument("--exact-sample", type=int, default=500, help="rows checked by brute force")
     ap.add_argument("--pgdata", type=Path, help="a data directory to keep and reuse")
     args = ap.parse_args()
