@@ -22,6 +22,12 @@ records still unsent then are counted in `stats.lost` and logged as an error.
 from __future__ import annotations
 
 import atexit
+
+# httpx encodes every host name with the "idna" codec, which Python imports on first use. In a
+# forked child (gunicorn, multiprocessing) that first import, made by the new sender thread, can
+# fail with "LookupError: unknown encoding: idna" (seen in 1 of 3 runs of test_sdk's fork test:
+# the child's 50 records were lost); imported here, before any fork or thread, it is never late.
+import encodings.idna  # noqa: F401
 import functools
 import json
 import logging
