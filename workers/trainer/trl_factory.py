@@ -34,6 +34,11 @@ def narrow_lm_head_tile(cuda: bool) -> None:
     if cuda:
         import trl.trainer.utils as trl_utils
 
+        # A private TRL constant (1.16): if a TRL upgrade drops it, say so instead of silently
+        # training with TRL's wider tile (more peak VRAM).
+        if not hasattr(trl_utils, "_CHUNKED_LOGPROB_CHUNK_SIZE"):
+            log.warning("TRL has no _CHUNKED_LOGPROB_CHUNK_SIZE: the LM-head tile stays TRL's own")
+            return
         trl_utils._CHUNKED_LOGPROB_CHUNK_SIZE = LM_HEAD_TILE
 
 
