@@ -202,7 +202,7 @@ def start(
     the running event loop)."""
     engines = EnginePool(engine_urls, timeout=settings.engine_timeout)
     running = reconciler(db_url, engines.engines, settings) if reconciler else None
-    # No on_change kick: the reconciler LISTENs on cft_adapter, which every change of an
+    # No kick from the route table: the reconciler LISTENs on cft_adapter, which every change of an
     # adapter notifies, and passes on it.
     table = RouteTable(db_url, ttl=settings.route_cache_ttl)
     table.start()

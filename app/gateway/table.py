@@ -20,7 +20,6 @@ import queue
 import select
 import threading
 import time
-from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import datetime
 from decimal import Decimal
@@ -107,12 +106,9 @@ class Change:
 class RouteTable:
     """Routes cached for ttl seconds; a NOTIFY on cft_route replaces (or drops) one at once."""
 
-    def __init__(
-        self, url: str, *, ttl: float = 5.0, on_change: Callable[[str], None] | None = None
-    ):
+    def __init__(self, url: str, *, ttl: float = 5.0):
         self.url = url
         self.ttl = ttl
-        self.on_change = on_change
         self._cache: dict[str, tuple[float, RouteState | None]] = {}
         self._lock = threading.Lock()
         self._generation = 0
@@ -303,8 +299,6 @@ class RouteTable:
             with self._lock:
                 self._generation += 1
                 self._cache[name] = (time.monotonic(), change.state)
-            if self.on_change:
-                self.on_change(name)
         else:
             # The first NOTIFY of this route since LISTEN (what came before is unknown), an
             # older snapshot than the previous change, or no state in it: read the route.
@@ -325,8 +319,6 @@ class RouteTable:
                 self._cache.clear()
             else:
                 self._cache.pop(name, None)
-        if self.on_change and name:
-            self.on_change(name)
 
     def _connection(self) -> Connection:
         return psycopg.connect(self.url, autocommit=True, row_factory=dict_row)

@@ -8,8 +8,8 @@ Unsloth"). Pure pydantic: the control plane imports it without loading any ML li
 Speed settings (packing, padding_free, use_liger_kernel, activation_offloading,
 precompute_ref_log_probs) default to None: the trainer picks them per device and method, and
 fills in an unset batch shape (`workers.trainer.plan.resolve_hyperparameters`; only what the
-caller set is stored on the run, so the worker can tell). BENCHMARKS.md "QLoRA against Unsloth"
-measured the CUDA defaults at 4.8x (SFT) and 2.2x (DPO) the runbook's tokens/s.
+caller set is stored on the run, so the worker can tell). BENCHMARKS.md "QLoRA on GPU (issue 5)"
+and "QLoRA against Unsloth" measure the CUDA defaults against the runbook and against Unsloth.
 """
 
 from __future__ import annotations
