@@ -159,6 +159,10 @@ SFT_CANDIDATES: dict[str, dict[str, Any]] = {
     "d0-pack2048-no-offload": dict(max_length=2048, grad_accum=4, activation_offloading=False),
     "default-profile": dict(max_steps=4, _profile=True),
     "d0-pack1024": dict(max_length=1024, grad_accum=8),
+    # Issue 26 round 4: what each CUDA default costs or buys at today's row length
+    "d0-no-offload": dict(activation_offloading=False),
+    "d0-no-ckpt-offload": dict(gradient_checkpointing=False),
+    "d0-no-liger": dict(use_liger_kernel=False),
 }
 DPO_CANDIDATES: dict[str, dict[str, Any]] = {
     "bs1-liger-pre": dict(
@@ -223,6 +227,10 @@ UNSLOTH_SFT: dict[str, dict[str, Any]] = {
     ),
     "unsloth-pack2048x2-dropout0": dict(
         batch_size=2, grad_accum=2, max_length=2048, packing=True, dropout=0.0
+    ),
+    # the same shape, one optimizer step profiled (where Unsloth's GPU time goes, next to cft's)
+    "unsloth-pack1536-dropout0-profile": dict(
+        batch_size=1, grad_accum=5, max_length=1536, packing=True, dropout=0.0, _profile=True
     ),
 }
 UNSLOTH_DPO: dict[str, dict[str, Any]] = {
@@ -564,7 +572,14 @@ def run_cft(
 
 
 def run_unsloth(
-    method: str, params: dict[str, Any], model_path: str, rows, steps: int, warmup: int
+    method: str,
+    params: dict[str, Any],
+    model_path: str,
+    rows,
+    steps: int,
+    warmup: int,
+    out_dir: str = "",
+    name: str = "",
 ) -> dict[str, Any]:
     """Unsloth's QLoRA on the same model, data, LoRA, optimizer and examples per step (a peer, no cft code)."""
     from datasets import Dataset
@@ -588,6 +603,9 @@ def run_unsloth(
         random_state=0,
     )
     meter = Meter(warmup)
+    callbacks: list[Any] = [meter]
+    if params.get("_profile"):
+        callbacks.append(Profile(warmup, out_dir, name))
     shape = dict(
         per_device_train_batch_size=params["batch_size"],
         gradient_accumulation_steps=params["grad_accum"],
@@ -606,7 +624,7 @@ def run_unsloth(
             args=args,
             train_dataset=Dataset.from_list(rows),
             processing_class=tok,
-            callbacks=[meter],
+            callbacks=callbacks,
         )
     else:
         PatchDPOTrainer()
@@ -619,14 +637,18 @@ def run_unsloth(
             args=args,
             train_dataset=Dataset.from_list(rows),
             processing_class=tok,
-            callbacks=[meter],
+            callbacks=callbacks,
         )
     out = tr.train()
     res = result(meter, steps, warmup, out.training_loss, wall0)
     import trl
     import unsloth
 
-    res["unsloth"] = {**params, "version": unsloth.__version__, "trl": trl.__version__}
+    res["unsloth"] = {
+        **{k: v for k, v in params.items() if not k.startswith("_")},
+        "version": unsloth.__version__,
+        "trl": trl.__version__,
+    }
     return res
 
 
@@ -666,9 +688,10 @@ def main() -> int:
         wanted = [n for n in peers if n in a.only.split(",")]
         names += wanted or list(peers)
     if a.only:
-        # in --only's order: a call cut short at its time limit keeps the first ones
-        order = a.only.split(",")
-        names.sort(key=lambda n: order.index(n) if n in order else len(order))
+        # in --only's order, repeats kept (a name twice runs twice: a cold first process shows
+        # up against its warm repeat); a call cut short at its time limit keeps the first ones
+        known = set(names)
+        names = [n for n in a.only.split(",") if n in known]
 
     if a.single:
         logging.basicConfig(level=logging.WARNING)
@@ -683,7 +706,9 @@ def main() -> int:
             if a.single == "runbook":
                 res = run_runbook(a.method, model_path, tok, rows, steps, a.warmup)
             elif a.single in peers:
-                res = run_unsloth(a.method, peers[a.single], model_path, rows, steps, a.warmup)
+                res = run_unsloth(
+                    a.method, peers[a.single], model_path, rows, steps, a.warmup, a.out, a.single
+                )
             else:
                 res = run_cft(
                     a.method, cands[a.single], model_path, rows, steps, a.warmup, a.out, a.single
