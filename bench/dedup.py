@@ -27,7 +27,9 @@ found compared, and with the exact (sequential-scan) kNN edges of the newest
 (`binary_quantize(embedding)::bit(384)`, Hamming distance) whose M * (k + 1) nearest are
 re-ranked by the exact cosine distance (M:EF: hnsw.ef_search EF), prints that index's build
 time and size, and times --insert-rows new embeddings inserted with only the halfvec index,
-only the bit index, or neither (the embedder's HNSW insert). --pgdata keeps the loaded
+only the bit index, or neither (the embedder's HNSW insert). --split adds the function with the kNN's rows dropped
+(claim, log row read, prompt hash, marking) and prints the time per row besides the kNN.
+--pgdata keeps the loaded
 database for a second run. --weekly gives the loaded rows weekly
 partitions first (the maintenance worker's obs.move_default_rows; without it, rows older than
 last week stay in DEFAULT).
@@ -153,6 +155,22 @@ def ef_variant(ef: int) -> tuple[str, str]:
         NEW_SEARCH.replace("obs.compute_prompt_neighbours(", name + "(", 1)
         .replace("SET hnsw.ef_search = 40", f"SET hnsw.ef_search = {ef}")
         .replace("greatest(2 * p_neighbours, 40)", f"greatest(2 * p_neighbours, {ef})")
+    )
+    return name, sql
+
+
+# --split: the search as now with the kNN's rows dropped (the claim, the log row read, the
+# prompt hash, the marking UPDATE and an empty edge INSERT): what a row costs besides its
+# HNSW search, in the same alternating rounds.
+NOSEARCH_FILTER = "WHERE q.embedding IS NOT NULL AND nb.dist < p_radius"
+
+
+def nosearch_variant() -> tuple[str, str]:
+    """The search as now without the kNN: (name, its CREATE FUNCTION)."""
+    name = "bench_nosearch.compute_prompt_neighbours"
+    assert NOSEARCH_FILTER in NEW_SEARCH
+    sql = NEW_SEARCH.replace("obs.compute_prompt_neighbours(", name + "(", 1).replace(
+        NOSEARCH_FILTER, "WHERE false AND nb.dist < p_radius"
     )
     return name, sql
 
@@ -435,6 +453,11 @@ def search_at_scale(url: str, args: argparse.Namespace) -> None:
             conn.execute(f"CREATE SCHEMA IF NOT EXISTS {name.split('.')[0]}")
             conn.execute(sql)
             search[f"ef{ef}"] = name
+        if args.split:
+            name, sql = nosearch_variant()
+            conn.execute("CREATE SCHEMA IF NOT EXISTS bench_nosearch")
+            conn.execute(sql)
+            search["nosearch"] = name
         if args.bq:
             print(build_bq_index(conn), flush=True)
         for spec in args.bq:
@@ -482,6 +505,15 @@ def search_at_scale(url: str, args: argparse.Namespace) -> None:
             print(
                 f"median, {sessions} session(s): now {b:.0f} rows/s, {kind} {a:.0f}: x{a / b:.2f}"
             )
+    if args.split:
+        for sessions in sorted({1, args.sessions}):
+            now = 1000 / statistics.median(rates[("now", sessions)])
+            rest = 1000 / statistics.median(rates[("nosearch", sessions)])
+            print(
+                f"split, {sessions} session(s): {now:.3f} ms/row in all, {rest:.3f} besides the"
+                f" kNN ({100 * rest / now:.1f}%), the kNN {now - rest:.3f} ms/row"
+            )
+        del found["nosearch"]
     old, new = found["before"], found["now"]
     print(
         f"edges of one batch: before {len(old)}, now {len(new)}, both {len(old & new)},"
@@ -532,6 +564,12 @@ def main() -> int:
         default=[],
         help="also the search over a bit (binary-quantised) HNSW index with an exact re-rank:"
         " M or M:EF per variant, M * (k + 1) candidates, e.g. 2,4,4:80",
+    )
+    ap.add_argument(
+        "--split",
+        action="store_true",
+        help="also the search without its kNN (claim, log read, hash, marking): the share of"
+        " a row's time besides the HNSW search",
     )
     ap.add_argument("--insert-rows", type=int, default=2_000, help="rows per --bq insert round")
     ap.add_argument("--insert-rounds", type=int, default=3, help="--bq insert rounds per index")

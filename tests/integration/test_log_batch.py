@@ -6,11 +6,15 @@ import uuid
 from typing import Any
 
 import psycopg
+import pytest
 from psycopg.rows import dict_row
 
 from app.core.config import get_settings
 from app.core.db import as_tenant
+from app.core.pseudonym import user_secret
+from app.logs import ingest
 from app.logs import service as logs
+from app.logs.validation import InvalidRecord
 from tests.support.factories import make_route, make_tenant
 
 # Everything the literal encoding must carry unchanged: quotes, backslashes, the COPY
@@ -93,3 +97,154 @@ def test_log_batch_links_regenerations_within_and_across_batches(db_url, conn):
     assert row(parent)["fb_regen"] and str(row(parent)["regenerated_by"]) == child["request_id"]
     assert row(orphan)["parent_id"] is None
     assert row(grandchild)["parent_id"] == row(grandchild_first)["id"]
+
+
+def router_record(route: str, **over: Any) -> dict[str, Any]:
+    """A record shaped as the router builds it (no created_at, no embedding)."""
+    return {
+        "request_id": str(uuid.uuid4()),
+        "route": route,
+        "model": "m'\\",
+        "messages": [
+            {"role": "system", "content": TRICKY},
+            {"role": "user", "content": "call me at +34 612 345 678 " + TRICKY},
+            {"role": "assistant", "content": None, "tool_calls": [{"id": "c'1", "x": "\\N"}]},
+            {"role": "tool", "content": ""},
+        ],
+        "user": TRICKY,
+        "adapter_id": "a'\\N",
+        "experiment": "e'1",
+        "variant": "b",
+        "completion": TRICKY,
+        "tokens_in": 12,
+        "tokens_out": 0,
+        "ttft_ms": 2**31 - 1,
+        "status": "partial",
+    } | over
+
+
+def _fails_on_send() -> Any:
+    class NoSend:
+        def execute(self, *a: Any, **k: Any) -> None:
+            raise AssertionError("nothing may be sent for an invalid batch")
+
+    return NoSend()
+
+
+def test_router_records_take_the_json_path_and_store_what_log_records_stores(db_url, conn):
+    t = make_tenant(conn)
+    r = make_route(conn, tenant_id=t["id"])
+    settings = get_settings()
+    secret = user_secret(settings)
+    parent = str(uuid.uuid4())
+    shapes: list[dict[str, Any]] = [
+        {},
+        {"user": None, "completion": None, "adapter_id": None, "model": None},
+        {"completion": "", "adapter_id": "", "status": "error", "parent_request_id": parent},
+        {"messages": [{"role": "user", "content": "mail me: a.b@example.com 😀"}]},
+        {"experiment": None, "variant": None, "tokens_in": None, "ttft_ms": 0},
+    ]
+    cache: dict[str, str] = {}
+    for over in shapes:
+        via_copy, via_json = router_record(r["name"], **over), router_record(r["name"], **over)
+        # The JSON path takes the record (the test is about that path, not the fallback).
+        assert ingest._staged_json([via_json], secret, {}) is not None
+        with psycopg.connect(db_url, row_factory=dict_row) as c, c.transaction():
+            as_tenant(c, t["id"])
+            logs.log_records(c, tenant_id=t["id"], records=[via_copy], settings=settings)
+        with psycopg.connect(db_url, autocommit=True, row_factory=dict_row) as c:
+            # Twice with a kept pseudonym cache: the cached value is the computed one.
+            logs.log_batch(c, tenant_id=t["id"], records=[via_json], user_hashes=cache)
+            logs.log_batch(c, tenant_id=t["id"], records=[via_json], user_hashes=cache)
+            assert c.execute("SELECT current_user AS u").fetchone()["u"] != "cft_app"
+            assert c.info.transaction_status == psycopg.pq.TransactionStatus.IDLE
+        got, want = stored(conn, via_json["request_id"]), stored(conn, via_copy["request_id"])
+        assert got.pop("created_at") is not None and want.pop("created_at") is not None
+        assert got == want, over
+    n = conn.execute(
+        "SELECT count(*) AS n FROM obs.inference_log WHERE tenant_id = %s", (t["id"],)
+    ).fetchone()
+    assert n["n"] == 2 * len(shapes)
+
+
+def test_json_path_keeps_the_first_of_a_repeated_request_id_and_links(db_url, conn):
+    t = make_tenant(conn)
+    r = make_route(conn, tenant_id=t["id"])
+    first = router_record(r["name"], completion="first")
+    again = first | {"completion": "second"}
+    child = router_record(r["name"], parent_request_id=first["request_id"])
+    records = [child, first, again]
+    assert ingest._staged_json(records, user_secret(get_settings()), {}) is not None
+    with psycopg.connect(db_url, autocommit=True, row_factory=dict_row) as c:
+        logs.log_batch(c, tenant_id=t["id"], records=records)
+    rows = conn.execute(
+        "SELECT request_id::text AS rid, id, parent_id, completion FROM obs.inference_log"
+        " WHERE tenant_id = %s",
+        (t["id"],),
+    ).fetchall()
+    by_id = {row["rid"]: row for row in rows}
+    assert len(rows) == 2 and by_id[first["request_id"]]["completion"] == "first"
+    assert by_id[child["request_id"]]["parent_id"] == by_id[first["request_id"]]["id"]
+
+
+# Records the JSON path must hand to the validator: each is either invalid (the validator's
+# InvalidRecord, nothing sent) or valid only in a form the validator normalises.
+def _refused(route: str) -> list[tuple[dict[str, Any], bool]]:
+    rid = str(uuid.uuid4())
+    msg = [{"role": "user", "content": "hi"}]
+    return [
+        # (record, valid)
+        ({"request_id": rid.upper(), "route": route, "messages": msg}, True),
+        ({"request_id": rid, "route": route, "messages": msg, "created_at": None}, True),
+        ({"request_id": rid, "route": route, "messages": msg, "embedding": None}, True),
+        (router_record(route, messages=[{"role": "user", "content": [{"type": "text"}]}]), True),
+        (router_record(route, completion="a\\u0000b"), True),  # a literal backslash-u0000
+        (router_record(route, parent_request_id=rid.replace("-", "")), True),
+        (router_record(route, user="x\x00y"), False),
+        (router_record(route, completion="x\x00y"), False),
+        (router_record(route, model="x\x00y"), False),
+        (router_record(route, messages=[{"role": "user", "content": "x\x00y"}]), False),
+        (router_record(route, user="u" * 257), False),
+        (router_record(route, experiment="e" * 257), False),
+        (router_record(route, variant="ab"), False),
+        (router_record(route, tokens_in=True), False),
+        (router_record(route, tokens_in=-1), False),
+        (router_record(route, ttft_ms=2**31), False),
+        (router_record(route, ttft_ms=1.0), False),
+        (router_record(route, status="done"), False),
+        (router_record(route, status=None), False),
+        (router_record(route, messages=[]), False),
+        (router_record(route, messages=[{"role": "bot", "content": "x"}]), False),
+        (router_record(route, messages=[{"role": "user"}]), False),
+        (router_record(route, messages=[{"role": "user", "content": 3}]), False),
+        (router_record(route) | {"route": ""}, False),
+        (router_record(route, request_id="not-a-uuid"), False),
+        (router_record(route, request_id=None), False),
+        (router_record(route, completion=3), False),
+        (router_record(route, extra=1), False),
+        ({"route": route, "messages": msg}, False),
+    ]
+
+
+def test_json_path_hands_what_it_cannot_encode_exactly_to_the_validator(db_url, conn):
+    t = make_tenant(conn)
+    r = make_route(conn, tenant_id=t["id"])
+    secret = user_secret(get_settings())
+    for rec, valid in _refused(r["name"]):
+        ok = router_record(r["name"])
+        assert ingest._staged_json([ok, rec], secret, {}) is None, rec
+        if valid:
+            with psycopg.connect(db_url, autocommit=True, row_factory=dict_row) as c:
+                logs.log_batch(c, tenant_id=t["id"], records=[ok, rec])
+        else:
+            with pytest.raises(InvalidRecord):
+                logs.log_batch(_fails_on_send(), tenant_id=t["id"], records=[ok, rec])
+            # A repeated request_id is validated too, though only the first is stored.
+            if rec.get("request_id") not in (None, "not-a-uuid"):
+                dup = rec | {"request_id": ok["request_id"]}
+                with pytest.raises(InvalidRecord):
+                    logs.log_batch(_fails_on_send(), tenant_id=t["id"], records=[ok, dup])
+    n = conn.execute(
+        "SELECT count(*) AS n FROM obs.inference_log WHERE tenant_id = %s", (t["id"],)
+    ).fetchone()
+    assert n["n"] == 2 * sum(valid for _, valid in _refused(r["name"]))
