@@ -30,6 +30,7 @@ call, nothing more.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import logging
 import os
@@ -167,6 +168,9 @@ SFT_CANDIDATES: dict[str, dict[str, Any]] = {
     # rows of varying length; `_no_cudnn_sdp` lets SDPA pick another kernel, `_compile_layers`
     # compiles each decoder layer (torch.compile, dynamic shapes)
     "d0-sdpa-no-cudnn": dict(_no_cudnn_sdp=True),
+    # round 4 made SDPA without cuDNN the default (workers.trainer.trl_factory.training_attention):
+    # this is the default with cuDNN's SDPA allowed again
+    "d0-cudnn-sdp": dict(_cudnn_sdp=True),
     "d0-sdpa-no-cudnn-profile": dict(max_steps=4, _profile=True, _no_cudnn_sdp=True),
     "d0-compile-layers": dict(_compile_layers=True),
     "d0-sdpa-no-cudnn-compile": dict(_no_cudnn_sdp=True, _compile_layers=True),
@@ -205,6 +209,7 @@ DPO_CANDIDATES: dict[str, dict[str, Any]] = {
     "dropout005": dict(dropout=0.05),
     "d0-bs4x4": dict(batch_size=4, grad_accum=4),
     "d0-bs2x8-tile32k": dict(batch_size=2, grad_accum=8, _lm_head_tile=32768),
+    "d0-cudnn-sdp": dict(_cudnn_sdp=True),
 }
 
 
@@ -538,6 +543,8 @@ def run_cft(
         trl_factory.LM_HEAD_TILE = knobs["_lm_head_tile"]
     if knobs.get("_no_cudnn_sdp"):
         torch.backends.cuda.enable_cudnn_sdp(False)
+    if knobs.get("_cudnn_sdp"):
+        trl_factory.training_attention = lambda cuda: contextlib.nullcontext()
     bases = BaseCache()
     if knobs.get("_compile_layers"):
 

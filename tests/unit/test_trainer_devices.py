@@ -100,3 +100,23 @@ Root Cause (first observed failure):
         "rank 1 exited with code 1; last error: [rank1]: torch.OutOfMemoryError:"
         " CUDA out of memory. Tried to allocate 2.00 GiB"
     )
+
+
+def test_training_attention_turns_cudnn_sdpa_off_on_cuda_only() -> None:
+    import torch
+
+    from workers.trainer.trl_factory import training_attention
+
+    assert torch.backends.cuda.cudnn_sdp_enabled()
+    with training_attention(cuda=True):
+        # the host-bound QLoRA step's costliest kernel choice is off; the others stay on
+        assert not torch.backends.cuda.cudnn_sdp_enabled()
+        assert torch.backends.cuda.flash_sdp_enabled()
+        assert torch.backends.cuda.mem_efficient_sdp_enabled()
+        assert torch.backends.cuda.math_sdp_enabled()
+    assert torch.backends.cuda.cudnn_sdp_enabled()  # restored for whatever runs next
+    with training_attention(cuda=False):
+        assert torch.backends.cuda.cudnn_sdp_enabled()
+    with pytest.raises(RuntimeError), training_attention(cuda=True):
+        raise RuntimeError("a failed run")
+    assert torch.backends.cuda.cudnn_sdp_enabled()
