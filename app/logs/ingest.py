@@ -17,7 +17,12 @@ request fails and nothing is written. Records are idempotent by (tenant, request
 `log_records(conn=..., tenant_id=..., records=...)` is the entry point for other code; the
 caller owns the transaction. `log_batch` is the router's log writer's: a transaction of its own
 in one round trip instead of ~11 (at low rates every proxied call is a batch of one, and each
-round trip costs the router CPU: BENCHMARKS.md, "Router against LiteLLM (issue 26)").
+round trip costs the router CPU: BENCHMARKS.md, "Router against LiteLLM (issue 26)"). It stages
+the router's records from one JSON literal (`_staged_json`: the checks the validator would
+make, then one orjson.dumps) rather than validating into COPY lines and quoting each field: the
+batch is Python holding the GIL that the router's event loop waits for, and this path is about
+a third of that; anything it cannot encode exactly as the validator does goes the validator's
+way, which stores the same row or raises the same InvalidRecord.
 """
 
 from __future__ import annotations
@@ -241,6 +246,7 @@ def _staged_json(records: Sequence[Any], secret: bytes, user_hashes: dict[str, s
     holds, so the stored rows are the same. NUL, which PostgreSQL's text cannot hold, is
     checked once over the whole encoded batch, as prepare checks it per field."""
     rows: list[list[Any]] = []
+    repeated: list[list[Any]] = []
     seen: set[str] = set()
     for i, rec in enumerate(records):
         if type(rec) is not dict or not rec.keys() <= _JSON_FIELDS:
@@ -302,36 +308,36 @@ def _staged_json(records: Sequence[Any], secret: bytes, user_hashes: dict[str, s
                 if len(user_hashes) >= _MAX_USER_HASHES:
                     user_hashes.clear()
                 hashed = user_hashes[user] = "\\x" + user_hash(user, secret).hex()
-        if rid in seen:
-            continue  # prepare validates a repeated request_id, then keeps the first
+        row = [
+            i,
+            rid,
+            hashed,
+            route,
+            rec.get("adapter_id") or DEFAULT_ADAPTER,
+            rec.get("model"),
+            rec.get("experiment"),
+            variant,
+            messages,
+            completion,
+            rec.get("ttft_ms"),
+            rec.get("tokens_in"),
+            rec.get("tokens_out"),
+            parent,
+            pii.detect(text),
+            status,
+        ]
+        # prepare validates a repeated request_id, then keeps the first: a repeat is encoded
+        # too, so that the NUL check below covers it, but not staged.
+        (repeated if rid in seen else rows).append(row)
         seen.add(rid)
-        rows.append(
-            [
-                i,
-                rid,
-                hashed,
-                route,
-                rec.get("adapter_id") or DEFAULT_ADAPTER,
-                rec.get("model"),
-                rec.get("experiment"),
-                variant,
-                messages,
-                completion,
-                rec.get("ttft_ms"),
-                rec.get("tokens_in"),
-                rec.get("tokens_out"),
-                parent,
-                pii.detect(text),
-                status,
-            ]
-        )
     try:
         doc = orjson.dumps(rows).decode()
+        other = orjson.dumps(repeated).decode() if repeated else ""
     except orjson.JSONEncodeError:
         return None  # prepare raises its own error for what orjson cannot encode
     # orjson writes every control character escaped, so a NUL anywhere is this text (or a
     # literal backslash-u0000 in a value, which prepare refuses in messages too: its path).
-    if "\\u0000" in doc:
+    if "\\u0000" in doc or "\\u0000" in other:
         return None
     return _FROM_JSON.format(doc.replace("\\", "\\\\").replace("'", "''"))
 

@@ -190,16 +190,18 @@ def test_json_path_keeps_the_first_of_a_repeated_request_id_and_links(db_url, co
 # Records the JSON path must hand to the validator: each is either invalid (the validator's
 # InvalidRecord, nothing sent) or valid only in a form the validator normalises.
 def _refused(route: str) -> list[tuple[dict[str, Any], bool]]:
-    rid = str(uuid.uuid4())
+    def new() -> str:
+        return str(uuid.uuid4())
+
     msg = [{"role": "user", "content": "hi"}]
     return [
         # (record, valid)
-        ({"request_id": rid.upper(), "route": route, "messages": msg}, True),
-        ({"request_id": rid, "route": route, "messages": msg, "created_at": None}, True),
-        ({"request_id": rid, "route": route, "messages": msg, "embedding": None}, True),
+        ({"request_id": new().upper(), "route": route, "messages": msg}, True),
+        ({"request_id": new(), "route": route, "messages": msg, "created_at": None}, True),
+        ({"request_id": new(), "route": route, "messages": msg, "embedding": None}, True),
         (router_record(route, messages=[{"role": "user", "content": [{"type": "text"}]}]), True),
         (router_record(route, completion="a\\u0000b"), True),  # a literal backslash-u0000
-        (router_record(route, parent_request_id=rid.replace("-", "")), True),
+        (router_record(route, parent_request_id=new().replace("-", "")), True),
         (router_record(route, user="x\x00y"), False),
         (router_record(route, completion="x\x00y"), False),
         (router_record(route, model="x\x00y"), False),
