@@ -205,6 +205,16 @@ class Stack:
         return proc
 
     def __enter__(self) -> Stack:
+        try:
+            self._start()
+        except BaseException:
+            # A server that did not come up must not leave the others running (the stub's
+            # stdout would hold the caller's pipe open, PostgreSQL would keep its cores).
+            self.__exit__(None, None, None)
+            raise
+        return self
+
+    def _start(self) -> None:
         self.db = embedded.start(self.pgdata)
         migrate(self.db)
         with psycopg.connect(self.db, autocommit=True) as c:
@@ -247,7 +257,6 @@ class Stack:
         wait_ready(self.api + "/healthz")
         if self.litellm:
             self._start_litellm()
-        return self
 
     def _start_litellm(self) -> None:
         exe = litellm_bin()
