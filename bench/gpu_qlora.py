@@ -209,7 +209,6 @@ DPO_CANDIDATES: dict[str, dict[str, Any]] = {
     "dropout005": dict(dropout=0.05),
     "d0-bs4x4": dict(batch_size=4, grad_accum=4),
     "d0-bs2x8-tile32k": dict(batch_size=2, grad_accum=8, _lm_head_tile=32768),
-    "d0-cudnn-sdp": dict(_cudnn_sdp=True),
 }
 
 
@@ -544,7 +543,7 @@ def run_cft(
     if knobs.get("_no_cudnn_sdp"):
         torch.backends.cuda.enable_cudnn_sdp(False)
     if knobs.get("_cudnn_sdp"):
-        trl_factory.training_attention = lambda cuda: contextlib.nullcontext()
+        trl_factory.training_attention = lambda packed_on_cuda: contextlib.nullcontext()
     bases = BaseCache()
     if knobs.get("_compile_layers"):
 

@@ -102,21 +102,21 @@ Root Cause (first observed failure):
     )
 
 
-def test_training_attention_turns_cudnn_sdpa_off_on_cuda_only() -> None:
+def test_training_attention_turns_cudnn_sdpa_off_for_packed_cuda_runs_only() -> None:
     import torch
 
     from workers.trainer.trl_factory import training_attention
 
     assert torch.backends.cuda.cudnn_sdp_enabled()
-    with training_attention(cuda=True):
+    with training_attention(packed_on_cuda=True):
         # the host-bound QLoRA step's costliest kernel choice is off; the others stay on
         assert not torch.backends.cuda.cudnn_sdp_enabled()
         assert torch.backends.cuda.flash_sdp_enabled()
         assert torch.backends.cuda.mem_efficient_sdp_enabled()
         assert torch.backends.cuda.math_sdp_enabled()
     assert torch.backends.cuda.cudnn_sdp_enabled()  # restored for whatever runs next
-    with training_attention(cuda=False):
+    with training_attention(packed_on_cuda=False):
         assert torch.backends.cuda.cudnn_sdp_enabled()
-    with pytest.raises(RuntimeError), training_attention(cuda=True):
+    with pytest.raises(RuntimeError), training_attention(packed_on_cuda=True):
         raise RuntimeError("a failed run")
     assert torch.backends.cuda.cudnn_sdp_enabled()

@@ -43,16 +43,18 @@ def narrow_lm_head_tile(cuda: bool) -> None:
 
 
 @contextmanager
-def training_attention(cuda: bool) -> Iterator[None]:
-    """SDPA without its cuDNN backend while a run trains on CUDA (flash, memory-efficient, math).
+def training_attention(packed_on_cuda: bool) -> Iterator[None]:
+    """SDPA without its cuDNN backend while a run trains packed rows on CUDA.
 
-    A QLoRA step of a 1B model is host-bound (the GPU busy ~10 % of it): on packed rows of a
-    different length each micro-batch, cuDNN's SDPA spent ~1.6 ms of CPU per call, a quarter of
-    the step; PyTorch's memory-efficient kernel takes ~50 us. SFT 3478 -> 4645-5163 tok/s at the
-    same peak VRAM (BENCHMARKS.md "QLoRA against Unsloth", round 4). The flags are global in
-    PyTorch, so they are restored on exit; a worker trains one run at a time.
+    A packed QLoRA SFT step of a 1B model is host-bound (the GPU busy ~10 % of it): on
+    padding-free rows of a different length each micro-batch, cuDNN's SDPA spent ~1.6 ms of CPU
+    per call, a quarter of the step; PyTorch's memory-efficient kernel takes ~50 us of CPU for
+    ~2.5x the GPU time. SFT 3478 -> 4645-5163 tok/s at the same peak VRAM (BENCHMARKS.md "QLoRA
+    against Unsloth", round 4). Unpacked runs (DPO, KTO, ORPO, SimPO) keep PyTorch's choice:
+    not measured (DPO's forward-only reference pass gives the GPU more of the step). The flags
+    are global in PyTorch, so they are restored on exit; a worker trains one run at a time.
     """
-    if not cuda:
+    if not packed_on_cuda:
         yield
         return
     from torch.nn.attention import SDPBackend, sdpa_kernel
@@ -203,7 +205,7 @@ def build_trainer(
     trainer = None
     try:
         trainer = trainer_class(method)(**kwargs)
-        with training_attention(cuda):
+        with training_attention(cuda and bool(hp.packing)):
             yield trainer
     finally:
         _unwrap(trainer.model if trainer is not None else None, base)
