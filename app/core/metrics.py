@@ -62,6 +62,12 @@ ROUTER_REQUESTS = Counter(
     ["route", "adapter", "status"],
     registry=REGISTRY,
 )
+ROUTER_LOG_DROPPED = Counter(
+    "cft_router_log_records_dropped_total",
+    "Router log records that can never be stored (the call was served), by reason",
+    ["reason"],
+    registry=REGISTRY,
+)
 ROUTER_LATENCY = Histogram(
     "cft_router_upstream_seconds",
     "Engine response time seen by the router (streams: to headers; whole calls: to the body),"

@@ -9,6 +9,10 @@ bounded queue; one thread of its own writes them in batches (up to `batch_size` 
 - while it is down the queue fills; when full, records wait in an overflow list that one task
   moves into the queue as room appears (memory grows instead of records being lost);
 - `close()` flushes everything still queued before the process exits.
+The one exception is a record the sink can never write (a `permanent` error such as an invalid
+record: the call was already served, a retry cannot help): the batch is split until that record
+is alone, every other record is written, and that one is handed to `on_drop` (a log line and a
+metric), instead of blocking every later record behind it forever.
 
 A thread rather than a task that hands each batch to an executor: at low rates every call is a
 batch of its own, and the task's timer, executor future and wake-up of the event loop per batch
@@ -30,6 +34,7 @@ from typing import Any
 log = logging.getLogger("cft.gateway.logs")
 
 WriteBatch = Callable[[list[dict[str, Any]]], None]
+OnDrop = Callable[[dict[str, Any], Exception], None]
 
 
 class LogWriter:
@@ -43,8 +48,12 @@ class LogWriter:
         batch_size: int = 500,
         max_delay: float = 0.05,
         max_backoff: float = 5.0,
+        permanent: tuple[type[Exception], ...] = (),
+        on_drop: OnDrop | None = None,
     ):
         self._write_batch = write_batch
+        self._permanent = permanent
+        self._on_drop = on_drop
         # None is the stop sentinel (put by close(), after every record).
         self._queue: queue.Queue[dict[str, Any] | None] = queue.Queue(maxsize=maxsize)
         self._batch_size = batch_size
@@ -56,6 +65,7 @@ class LogWriter:
         self._mover: asyncio.Task[None] | None = None
         self.written = 0
         self.failures = 0
+        self.dropped = 0
         # request_ids queued and not yet written (feedback may arrive before the row). A set
         # and one condition, not an Event per record: an Event costs ~15 µs on the hot path.
         self._unwritten: set[str] = set()
@@ -142,12 +152,35 @@ class LogWriter:
         return batch, False
 
     def _write(self, batch: list[dict[str, Any]]) -> None:
+        self._write_until_done(batch)
+        with self._written_cond:
+            for record in batch:
+                self._unwritten.discard(str(record.get("request_id")))
+            self._written_cond.notify_all()
+
+    def _write_until_done(self, batch: list[dict[str, Any]]) -> None:
+        """Write the batch, retrying transient failures; a permanent one splits it (see above)."""
         backoff = 0.1
         while True:
             try:
                 self._write_batch(batch)
                 self.written += len(batch)
-                break
+                return
+            except self._permanent as exc:
+                if len(batch) > 1:
+                    half = len(batch) // 2
+                    self._write_until_done(batch[:half])
+                    self._write_until_done(batch[half:])
+                    return
+                self.dropped += 1
+                log.error(
+                    "dropping the log record of request %s: %s (it can never be stored)",
+                    batch[0].get("request_id"),
+                    exc,
+                )
+                if self._on_drop is not None:
+                    self._on_drop(batch[0], exc)
+                return
             except Exception as exc:
                 self.failures += 1
                 log.warning(
@@ -158,10 +191,6 @@ class LogWriter:
                 )
                 time.sleep(backoff)
                 backoff = min(backoff * 2, self._max_backoff)
-        with self._written_cond:
-            for record in batch:
-                self._unwritten.discard(str(record.get("request_id")))
-            self._written_cond.notify_all()
 
     def _run(self) -> None:
         stop = False

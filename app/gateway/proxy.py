@@ -28,6 +28,7 @@ from app.gateway.logwriter import LogWriter
 from app.gateway.relay import Stream, engine_error, relay
 from app.gateway.service import RouterRuntime
 from app.gateway.upstream import Sent, done, engine_unavailable, send
+from app.logs.validation import InvalidRecord, check_call
 
 PATHS = {"chat": "/v1/chat/completions", "completions": "/v1/completions"}
 
@@ -41,6 +42,10 @@ async def proxy(request: Request, key: ApiKey, kind: str) -> Response:
     user = call.user(request, body)
     assignment = state.assign(runtime.user_key(user) if user else "")
     messages = _messages(body, kind)
+    try:
+        check_call(messages, user)
+    except InvalidRecord as exc:
+        raise BadRequest(str(exc), param=exc.param) from exc
     request_id = call.request_id(request)
     stream = bool(body.get("stream"))
     record: dict[str, Any] = {

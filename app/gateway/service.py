@@ -22,12 +22,13 @@ from psycopg.rows import dict_row
 from app.core.auth import ApiKey, hash_key
 from app.core.config import Settings
 from app.core.db import Connection, Pool
-from app.core.metrics import LOG_QUEUE_DEPTH
+from app.core.metrics import LOG_QUEUE_DEPTH, ROUTER_LOG_DROPPED
 from app.core.pseudonym import user_hash, user_secret
 from app.gateway.engines import EnginePool, EngineState
 from app.gateway.logwriter import LogWriter
 from app.gateway.table import RouteTable
 from app.logs import service as logs
+from app.logs.validation import InvalidRecord
 
 TENANT_KEY = "_tenant_id"
 # Users whose pseudonym the router keeps (an HMAC per call is ~2 µs; a hit is a dict lookup).
@@ -194,6 +195,19 @@ class LogSink:
             conn.close()
 
 
+# Errors a retry of the same record cannot fix: the validator's (a backend's completion it cannot
+# store, say), and the server's refusal of the data itself (e.g. the tenant was offboarded).
+PERMANENT_LOG_ERRORS: tuple[type[Exception], ...] = (
+    InvalidRecord,
+    psycopg.errors.DataError,
+    psycopg.errors.IntegrityError,
+)
+
+
+def _log_dropped(record: dict[str, Any], exc: Exception) -> None:
+    ROUTER_LOG_DROPPED.labels(getattr(exc, "reason", type(exc).__name__)).inc()
+
+
 def start(
     settings: Settings,
     *,
@@ -213,7 +227,7 @@ def start(
     if running is not None:
         running.start()
     sink = LogSink(db_url, settings)
-    writer = LogWriter(sink)
+    writer = LogWriter(sink, permanent=PERMANENT_LOG_ERRORS, on_drop=_log_dropped)
     writer.start()
     LOG_QUEUE_DEPTH.set_function(lambda: writer.pending)
     runtime = RouterRuntime(

@@ -298,6 +298,14 @@ def prepare_record(
     return request_id, line
 
 
+def check_call(messages: Any, user: str | None) -> None:
+    """Refuse a router call whose log record could never be stored, before it is served: the
+    validator's rules for the caller's `messages` and `user` (the router's other fields are its
+    own). Raises InvalidRecord naming the field."""
+    _messages(messages, None)
+    _opt_str({"user": user}, "user", None)
+
+
 def records_of(payload: Any, *, max_records: int) -> tuple[list[Any], bool]:
     """The records of a POST /v1/logs body (one record or {"records": [...]}); batch flag."""
     if isinstance(payload, dict) and "records" in payload:

@@ -250,3 +250,45 @@ def test_json_path_hands_what_it_cannot_encode_exactly_to_the_validator(db_url, 
         "SELECT count(*) AS n FROM obs.inference_log WHERE tenant_id = %s", (t["id"],)
     ).fetchone()
     assert n["n"] == 2 * sum(valid for _, valid in _refused(r["name"]))
+
+
+def test_a_record_that_can_never_be_stored_is_dropped_alone_and_counted(db_url, conn):
+    """A served call whose record the sink can never write (here a backend's completion with a
+    NUL) must not block the router's log writer: the others land, that one is dropped and
+    counted, and close() returns."""
+    import asyncio
+
+    from app.core.metrics import ROUTER_LOG_DROPPED
+    from app.gateway.logwriter import LogWriter
+    from app.gateway.service import PERMANENT_LOG_ERRORS, TENANT_KEY, LogSink, _log_dropped
+
+    t = make_tenant(conn)
+    r = make_route(conn, tenant_id=t["id"])
+    good = [record(r["name"]) | {TENANT_KEY: t["id"]} for _ in range(6)]
+    bad = record(r["name"], completion="a NUL \x00 from the engine") | {TENANT_KEY: t["id"]}
+    before = ROUTER_LOG_DROPPED.labels("nul")._value.get()
+    sink = LogSink(db_url, get_settings())
+
+    async def main() -> LogWriter:
+        writer = LogWriter(
+            sink, max_delay=0.05, permanent=PERMANENT_LOG_ERRORS, on_drop=_log_dropped
+        )
+        writer.start()
+        for rec in [*good[:3], bad, *good[3:]]:
+            writer.submit(rec)
+        assert await asyncio.to_thread(writer.wait_written, bad["request_id"], 10.0)
+        await asyncio.wait_for(writer.close(), 10.0)
+        return writer
+
+    try:
+        writer = asyncio.run(main())
+    finally:
+        sink.close()
+    assert writer.dropped == 1 and writer.written == 6
+    assert ROUTER_LOG_DROPPED.labels("nul")._value.get() == before + 1
+    ids = [g["request_id"] for g in good] + [bad["request_id"]]
+    rows = conn.execute(
+        "SELECT request_id::text AS id FROM obs.inference_log WHERE request_id = ANY(%s::uuid[])",
+        (ids,),
+    ).fetchall()
+    assert sorted(row["id"] for row in rows) == sorted(g["request_id"] for g in good)

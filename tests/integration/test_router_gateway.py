@@ -193,6 +193,28 @@ def test_unknown_route_and_other_tenants_route_are_404(setup):
         assert resp.json()["error"]["code"] == "not_found"
 
 
+def test_a_call_whose_log_record_could_not_be_stored_is_a_400_naming_the_field(setup):
+    """Checked before the call is served: the writer never holds a record it cannot store."""
+    client = openai.OpenAI(base_url=setup["api"] + "/v1", api_key=setup["key"], max_retries=0)
+    cases = [
+        ([{"role": "bot", "content": "hi"}], None, "messages[0].role"),
+        ([{"role": "user", "content": "a NUL \x00 here"}], None, "NUL"),
+        ([{"role": "user", "content": "hi"}], "u" * 300, "user: must be at most 256"),
+    ]
+    for messages, user, needle in cases:
+        extra = {"user": user} if user else {}
+        with pytest.raises(openai.BadRequestError) as err:
+            client.chat.completions.create(
+                model=setup["route"]["name"], messages=messages, max_tokens=2, **extra
+            )
+        assert needle in str(err.value), err.value
+    with psycopg.connect(setup["db_url"], autocommit=True) as c:
+        n = c.execute(
+            "SELECT count(*) FROM obs.inference_log WHERE tenant_id = %s", (setup["tenant"]["id"],)
+        ).fetchone()
+    assert n is not None and n[0] == 0
+
+
 def test_gateway_needs_a_key(setup):
     resp = httpx.post(
         f"{setup['api']}/v1/chat/completions",

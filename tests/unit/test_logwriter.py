@@ -78,3 +78,38 @@ def test_a_full_queue_overflows_in_order_and_loses_nothing() -> None:
     writer = asyncio.run(main())
     assert [r for b in sink.batches for r in b] == [f"r{i}" for i in range(40)]
     assert writer.pending == 0
+
+
+class Poison(ValueError):
+    """A record the sink can never write."""
+
+
+def test_a_record_that_can_never_be_written_is_split_out_and_dropped() -> None:
+    written: list[str] = []
+    dropped: list[str] = []
+
+    def sink(batch: list[dict[str, Any]]) -> None:
+        if any(r.get("bad") for r in batch):
+            raise Poison("invalid record")
+        written.extend(r["request_id"] for r in batch)
+
+    async def main() -> LogWriter:
+        writer = LogWriter(
+            sink,
+            batch_size=50,
+            max_delay=0.05,
+            permanent=(Poison,),
+            on_drop=lambda rec, exc: dropped.append(rec["request_id"]),
+        )
+        writer.start()
+        recs = records(20)
+        recs[7]["bad"] = recs[13]["bad"] = True
+        for rec in recs:
+            writer.submit(rec)
+        assert await asyncio.to_thread(writer.wait_written, "r13", 5.0)
+        await asyncio.wait_for(writer.close(), 5.0)
+        return writer
+
+    writer = asyncio.run(main())
+    assert sorted(written) == sorted(f"r{i}" for i in range(20) if i not in (7, 13))
+    assert dropped == ["r7", "r13"] and writer.dropped == 2 and writer.failures == 0
