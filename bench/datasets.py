@@ -3,13 +3,13 @@ traffic with embeddings, next to a plain `COPY (SELECT ...) TO` of the same rows
 
     .venv/bin/python bench/datasets.py                 # 1,000,000 log rows (issue 4)
     .venv/bin/python bench/datasets.py --rows 100000
-    .venv/bin/python bench/datasets.py --rows 100000 --link-candidates-only --pgdata /tmp/b100k
+    .venv/bin/python bench/datasets.py --rows 100000 --pgdata /tmp/b100k
         # keep the loaded database; a second run with the same --pgdata skips the setup
 
 Setup, timed apart from the snapshots: bulk load (rows arrive with their embeddings, so the
-insert trigger queues them for the neighbour search), HNSW build, then the embedder's neighbour
-search (workers.embedder.service.link_pending, the SQL function the worker runs after each
-batch): what ingest pays per row, reported in rows/s.
+insert trigger queues those with a dataset signal for the neighbour search), HNSW build, then
+the embedder's neighbour search (workers.embedder.service.link_pending, the SQL function the
+worker runs after each batch): what ingest pays per row, reported in rows/s.
 
 Rows: ~90% distinct prompts with random 384-d embeddings; the rest are exact duplicates (same
 text up to case) or paraphrases (other text, embedding within ~0.01 cosine distance). 40% carry
@@ -90,17 +90,6 @@ FLOOR_COLUMNS = {
     "dpo": "ids, created_ats, messages, chosen, rejected, rating",
 }
 
-# Rows that no candidate view can use (no thumbs, not regenerated, not edited): taken off the
-# queue as "searched within radius 0" (a snapshot would still probe them live). Not deleted:
-# that would take their embeddings out of the search index (obs.prompt_embedding), and the
-# candidates' searches must still see them.
-UNQUEUE_NON_CANDIDATES = """UPDATE obs.prompt_neighbour_scan s SET radius = 0, max_neighbours = 0,
-       scanned_at = now()
-  FROM obs.inference_log l
- WHERE l.id = s.log_id AND l.created_at = s.created_at AND s.radius IS NULL
-   AND coalesce(l.fb_explicit, 0) = 0 AND NOT coalesce(l.fb_regen, false)
-   AND l.edited_completion IS NULL"""
-
 
 def copy_seconds(conn: psycopg.Connection, sql: str, params: dict) -> tuple[float, int, int]:
     t = time.perf_counter()
@@ -126,12 +115,6 @@ def main() -> int:
         "--snapshot-function",
         default=datasets.SNAPSHOT_FUNCTION,
         help="the SQL function the snapshots run (an older version, to compare)",
-    )
-    ap.add_argument(
-        "--link-candidates-only",
-        action="store_true",
-        help="search neighbours only for rows a KTO/DPO/SFT view can use (same edges between"
-        " candidates, about half the setup time)",
     )
     ap.add_argument(
         "--database-url", help="an empty database to use (default: a temp embedded one)"
@@ -211,11 +194,6 @@ def setup(conn: psycopg.Connection, url: str, args: argparse.Namespace, route: s
         flush=True,
     )
     build_index(conn)
-    if args.link_candidates_only:
-        # A row no view can use is never a snapshot candidate; its own search only yields edges
-        # with itself as one end, so the edges between candidates are the same without it.
-        n = conn.execute(UNQUEUE_NON_CANDIDATES).rowcount
-        print(f"neighbour search limited to candidate rows ({n} others unqueued)", flush=True)
     link_and_refresh(conn, url, args)
     return tenant
 
@@ -237,10 +215,8 @@ def finish_setup(conn: psycopg.Connection, url: str, args: argparse.Namespace) -
     ).fetchone():
         build_index(conn)
     pending = conn.execute(
-        "SELECT count(*) AS n FROM obs.prompt_neighbour_scan WHERE radius IS NULL"
+        "SELECT count(*) AS n FROM obs.prompt_neighbour_scan WHERE radius IS NULL AND candidate"
     ).fetchone()["n"]
-    if pending and args.link_candidates_only:
-        pending -= conn.execute(UNQUEUE_NON_CANDIDATES).rowcount
     if pending:
         print(f"{pending} rows still queued for the neighbour search", flush=True)
         link_and_refresh(conn, url, args)

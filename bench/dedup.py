@@ -10,15 +10,21 @@ One fresh embedded PostgreSQL. The rows are ingested through the API without emb
 product logs them); the embedder then embeds --model-rows of them with the bundled model and
 --endpoint-rows through an endpoint. The endpoint is a local stub (a deterministic vector per
 text, built in Python in this process), so its figure is the embedder without a model: the HTTP
-round trip, the database writes and the HNSW inserts (and the stub's own CPU on the same cores). Every embedded row is queued for the neighbour
-search; the first half of the queue is searched from one session, the rest from --sessions.
-The endpoint's rows are embedded in alternating rounds with the enqueue trigger before migration
-20261211 (queue only) and now (queue + the copy into obs.prompt_embedding and its HNSW index).
+round trip, the database writes and the HNSW inserts (and the stub's own CPU on the same
+cores). The endpoint's rows are embedded in alternating rounds with the enqueue trigger before
+migration 20261213 (every embedded row queued and copied into obs.prompt_embedding and its HNSW
+index) and now (a scan row; the queue and the copy wait for a dataset signal). Then half the
+embedded rows get feedback (bench/datasets.py's mix: thumbs up or down, regenerations), which
+queues and copies those; the first half of the queue is searched from one session, the rest
+from --sessions, and the search's rate is also given per logged row.
 
---search-rows N: the neighbour search at scale, before (the search over obs.inference_log, the
-function migration 20261211 replaced, installed here as bench_old.compute_prompt_neighbours)
-and now, on the same data: N rows of bench/datasets.py's synthetic traffic (+10% children) with
-random embeddings bulk-loaded in SQL (no model; both HNSW indexes built after the load), then
+--search-rows N: the neighbour search at scale, on the same data, before (every embedded row
+queued and searched over an index of every row: the function migration 20261213 replaced, as
+bench_old.compute_prompt_neighbours over bench_old.prompt_embedding), "oldidx" (the signalled
+rows searched over that index of every row: the smaller index's share) and now (the signalled
+rows over obs.prompt_embedding, which holds those alone): N rows of bench/datasets.py's
+synthetic traffic (+10% children; ~45 % with a dataset signal) with random embeddings
+bulk-loaded in SQL (no model; the HNSW indexes built after the load), then
 alternating rounds of `BEGIN; SELECT fn(0.2, 10, --search-batch); ROLLBACK` from 1 and from
 --sessions sessions (each round searches the same newest queued rows), with the edges each
 found compared, and with the exact (sequential-scan) kNN edges of the newest
@@ -106,8 +112,10 @@ def make_records(n: int) -> list[dict[str, Any]]:
     ]
 
 
-# The SQL migration 20261211 replaced (its downgrade text): the "before" of the A/B rounds.
-MIGRATION = ROOT / "migrations" / "versions" / "20261211_neighbour_search_index.py"
+# The SQL migration 20261213 replaced (its downgrade text): the "before" of the A/B rounds,
+# every embedded row searched and indexed (20261211-20261212), against now: only the rows with a
+# dataset signal (obs.is_dataset_prompt).
+MIGRATION = ROOT / "migrations" / "versions" / "20261213_dataset_prompt_search.py"
 
 
 def _block(sql: str, start: str, end: str) -> str:
@@ -116,31 +124,58 @@ def _block(sql: str, start: str, end: str) -> str:
     return sql[i : sql.index(end, i) + len(end)]
 
 
-def _before_20261211() -> str:
-    spec = importlib.util.spec_from_file_location("m20261211", MIGRATION)
+def _before_20261213() -> str:
+    spec = importlib.util.spec_from_file_location("m20261213", MIGRATION)
     assert spec is not None and spec.loader is not None
     mod = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(mod)
     return str(mod.DOWNGRADE_SQL)
 
 
-OLD_SQL = _before_20261211()
-# The search over obs.inference_log (one HNSW search per partition), under another name.
-OLD_SEARCH = _block(
-    OLD_SQL, "CREATE OR REPLACE FUNCTION obs.compute_prompt_neighbours(", "$fn$;\n"
-).replace("obs.compute_prompt_neighbours(", "bench_old.compute_prompt_neighbours(", 1)
-# The enqueue trigger's function: queue only (old), queue + copy of the embedding (now).
+OLD_SQL = _before_20261213()
+# The search of every queued row over a copy of every embedded row (bench_old.prompt_embedding,
+# its own HNSW index), under another name.
+OLD_SEARCH = (
+    _block(OLD_SQL, "CREATE OR REPLACE FUNCTION obs.compute_prompt_neighbours(", "$fn$;\n")
+    .replace("obs.compute_prompt_neighbours(", "bench_old.compute_prompt_neighbours(", 1)
+    .replace("obs.prompt_embedding", "bench_old.prompt_embedding")
+)
+OLD_COPY = """CREATE TABLE bench_old.prompt_embedding AS
+SELECT id AS log_id, created_at, tenant_id, route, embedding FROM obs.inference_log
+ WHERE embedding IS NOT NULL;
+ALTER TABLE bench_old.prompt_embedding ADD PRIMARY KEY (log_id, created_at);
+CREATE INDEX ON bench_old.prompt_embedding USING hnsw (embedding halfvec_cosine_ops)"""
+# The enqueue trigger's function: queue and copy every embedded row (before), or only those
+# with a dataset signal (now; the others get their scan row).
 ENQUEUE = "CREATE OR REPLACE FUNCTION obs.prompt_neighbour_enqueue()"
 OLD_ENQUEUE = _block(OLD_SQL, ENQUEUE, "$$;\n")
 NEW_ENQUEUE = _block(render("obs/prompt_neighbour.sql", embedding_dim=384), ENQUEUE, "$$;\n")
-# Rows embedded while the old trigger ran get their copy afterwards (the migration's backfill).
-BACKFILL = """INSERT INTO obs.prompt_embedding (log_id, created_at, tenant_id, route, embedding)
-SELECT s.log_id, s.created_at, s.tenant_id, s.route, l.embedding
-  FROM obs.prompt_neighbour_scan s
-  JOIN obs.inference_log l ON l.id = s.log_id AND l.created_at = s.created_at
- WHERE l.embedding IS NOT NULL
-ON CONFLICT DO NOTHING"""
-SEARCH = {"before": "bench_old.compute_prompt_neighbours", "now": "obs.compute_prompt_neighbours"}
+# Rows embedded while the old trigger ran, brought to what now keeps (the migration's backfill).
+RESYNC = """UPDATE obs.prompt_neighbour_scan s
+   SET candidate = obs.is_dataset_prompt(l.fb_explicit, l.fb_regen, l.fb_edited, l.pii_flags)
+  FROM obs.inference_log l
+ WHERE l.id = s.log_id AND l.created_at = s.created_at;
+DELETE FROM obs.prompt_embedding e USING obs.prompt_neighbour_scan s
+ WHERE s.log_id = e.log_id AND s.created_at = e.created_at AND NOT s.candidate"""
+# The feedback a product's users give, after the rows are embedded (as the embedder runs within
+# seconds and feedback comes later): bench/datasets.py's mix, 30 % thumbs up, 10 % down, 10 %
+# regenerated: half the rows get a dataset signal (the trigger then queues and copies them).
+SIGNAL = """UPDATE obs.inference_log
+   SET fb_explicit = CASE WHEN id % 10 < 3 THEN 1 WHEN id % 10 = 3 THEN -1 END,
+       fb_regen = id % 10 = 5
+ WHERE embedding IS NOT NULL AND id % 10 IN (0, 1, 2, 3, 5)"""
+# The signalled rows alone searched over the index of every row: the index's share of the gain
+# (and of the edges found), apart from searching fewer rows.
+OLD_CLAIM = "     WHERE s.radius IS NULL\n"
+assert OLD_CLAIM in OLD_SEARCH
+OLDIDX_SEARCH = OLD_SEARCH.replace(
+    "bench_old.compute_prompt_neighbours(", "bench_oldidx.compute_prompt_neighbours(", 1
+).replace(OLD_CLAIM, "     WHERE s.radius IS NULL AND s.candidate\n")
+SEARCH = {
+    "before": "bench_old.compute_prompt_neighbours",
+    "oldidx": "bench_oldidx.compute_prompt_neighbours",
+    "now": "obs.compute_prompt_neighbours",
+}
 NEW_SEARCH = _block(
     render("obs/compute_prompt_neighbours.sql", embedding_dim=384),
     "CREATE OR REPLACE FUNCTION obs.compute_prompt_neighbours(",
@@ -293,7 +328,8 @@ def embed_rounds(
     conn: Any, enc: Any, *, rows: int, rounds: int, batch: int
 ) -> dict[str, tuple[int, float]]:
     """Embed `rows` rows in 2 x rounds alternating rounds, the enqueue trigger as before
-    20261211 (queue only) and now (queue + copy + HNSW insert); returns (rows, s) per kind."""
+    20261213 (queue + copy + HNSW insert of every row) and now (a scan row; the queue and the
+    copy wait for a dataset signal); returns (rows, s) per kind."""
     out = {"now": (0, 0.0), "before": (0, 0.0)}
     per = max(1, rows // (2 * rounds))
     for r in range(rounds):
@@ -304,7 +340,8 @@ def embed_rounds(
             n, sec = out[kind]
             out[kind] = (n + done, sec + time.perf_counter() - t)
     conn.execute(NEW_ENQUEUE)
-    conn.execute(BACKFILL)
+    for statement in RESYNC.split(";\n"):
+        conn.execute(statement)
     return out
 
 
@@ -337,10 +374,17 @@ def load_search_scale(conn: Any, rows: int, *, weekly: bool) -> str:
         t = time.perf_counter()
         conn.execute(ddl)
         builds.append(time.perf_counter() - t)
+    t = time.perf_counter()
+    conn.execute("CREATE SCHEMA IF NOT EXISTS bench_old")
+    for statement in OLD_COPY.split(";\n"):
+        conn.execute(statement)
+    builds.append(time.perf_counter() - t)
     conn.execute(
-        "VACUUM ANALYZE obs.inference_log, obs.prompt_neighbour_scan, obs.prompt_embedding"
+        "VACUUM ANALYZE obs.inference_log, obs.prompt_neighbour_scan, obs.prompt_embedding,"
+        " bench_old.prompt_embedding"
     )
     n = conn.execute("SELECT count(*) AS n FROM obs.prompt_embedding").fetchone()["n"]
+    everyone = conn.execute("SELECT count(*) AS n FROM bench_old.prompt_embedding").fetchone()["n"]
     parts = conn.execute(
         "SELECT count(DISTINCT tableoid) AS n FROM obs.inference_log WHERE embedding IS NOT NULL"
     ).fetchone()["n"]
@@ -350,8 +394,10 @@ def load_search_scale(conn: Any, rows: int, *, weekly: bool) -> str:
         " pg_indexes_size('obs.prompt_embedding') AS idx"
     ).fetchone()
     return (
-        f"loaded {n} rows with embeddings in {loaded:.0f} s, in {parts} partitions of the log;"
-        f" HNSW builds: log {builds[0]:.0f} s, obs.prompt_embedding {builds[1]:.0f} s\n"
+        f"loaded {everyone} rows with embeddings in {loaded:.0f} s, in {parts} partitions of the"
+        f" log, {n} ({100 * n / everyone:.0f} %) with a dataset signal; HNSW builds: log"
+        f" {builds[0]:.0f} s, obs.prompt_embedding (the signalled rows) {builds[1]:.0f} s,"
+        f" bench_old.prompt_embedding (every row, as before) with its copy {builds[2]:.0f} s\n"
         f"obs.prompt_embedding: heap {size['heap'] / n:.0f} B/row, HNSW {size['hnsw'] / n:.0f}"
         f" B/row, all its indexes {size['idx'] / n:.0f} B/row"
     )
@@ -419,7 +465,8 @@ def exact_edges(conn: Any, batch: int, sample: int) -> tuple[list[int], dict[Any
             """SELECT q.log_id AS q, nb.log_id AS n, nb.dist, q.created_at < nb.created_at
                       OR (q.created_at = nb.created_at AND q.log_id < nb.log_id) AS older
                  FROM (SELECT s.log_id, s.created_at FROM obs.prompt_neighbour_scan s
-                        WHERE s.radius IS NULL ORDER BY s.created_at DESC LIMIT %s) c
+                        WHERE s.radius IS NULL AND s.candidate
+                        ORDER BY s.created_at DESC LIMIT %s) c
                  JOIN obs.prompt_embedding q USING (log_id, created_at)
                  CROSS JOIN LATERAL (
                    SELECT n.log_id, n.created_at, n.embedding <=> q.embedding AS dist
@@ -430,7 +477,7 @@ def exact_edges(conn: Any, batch: int, sample: int) -> tuple[list[int], dict[Any
             (min(batch, sample),),
         ).fetchall()
         qs = conn.execute(
-            """SELECT log_id FROM obs.prompt_neighbour_scan WHERE radius IS NULL
+            """SELECT log_id FROM obs.prompt_neighbour_scan WHERE radius IS NULL AND candidate
                 ORDER BY created_at DESC LIMIT %s""",
             (min(batch, sample),),
         ).fetchall()
@@ -448,6 +495,8 @@ def search_at_scale(url: str, args: argparse.Namespace) -> None:
             print(load_search_scale(conn, args.search_rows, weekly=args.weekly), flush=True)
         conn.execute("CREATE SCHEMA IF NOT EXISTS bench_old")
         conn.execute(OLD_SEARCH)
+        conn.execute("CREATE SCHEMA IF NOT EXISTS bench_oldidx")
+        conn.execute(OLDIDX_SEARCH)
         for ef in args.ef:
             name, sql = ef_variant(ef)
             conn.execute(f"CREATE SCHEMA IF NOT EXISTS {name.split('.')[0]}")
@@ -465,13 +514,26 @@ def search_at_scale(url: str, args: argparse.Namespace) -> None:
             conn.execute(f"CREATE SCHEMA IF NOT EXISTS {name.split('.')[0]}")
             conn.execute(sql)
             search[label] = name
-        queued = conn.execute(
-            "SELECT count(*) AS n FROM obs.prompt_neighbour_scan WHERE radius IS NULL"
-        ).fetchone()["n"]
+        queue = conn.execute(
+            "SELECT count(*) AS everyone, count(*) FILTER (WHERE candidate) AS signalled"
+            " FROM obs.prompt_neighbour_scan WHERE radius IS NULL"
+        ).fetchone()
+        signalled = {
+            r["log_id"]
+            for r in conn.execute("SELECT log_id FROM obs.prompt_neighbour_scan WHERE candidate")
+        }
         t = time.perf_counter()
         ids, exact = exact_edges(conn, args.search_batch, args.exact_sample)
         print(f"exact kNN of {len(ids)} rows (sequential scan): {time.perf_counter() - t:.0f} s")
-    print(f"queued: {queued}; each round: the {args.search_batch} newest queued rows per session")
+    # Logged rows per searched row: before, every embedded row is searched; now, those with a
+    # dataset signal.
+    per_search = {
+        k: 1.0 if k == "before" else queue["everyone"] / queue["signalled"] for k in search
+    }
+    print(
+        f"queued: {queue['everyone']} embedded rows before, {queue['signalled']} with a signal now;"
+        f" each round: the {args.search_batch} newest queued rows per session"
+    )
     for fn in search.values():  # warm-up: the indexes in the cache
         search_round(url, fn, 1, args.search_batch)
     rates: dict[tuple[str, int], list[float]] = {}
@@ -494,13 +556,14 @@ def search_at_scale(url: str, args: argparse.Namespace) -> None:
         b = statistics.median(rates[("before", sessions)])
         for kind in kinds[1:]:
             a = statistics.median(rates[(kind, sessions)])
+            logged = a * per_search[kind]
             print(
-                f"median, {sessions} session(s): before {b:.0f} rows/s, {kind} {a:.0f} rows/s:"
-                f" x{a / b:.2f}"
+                f"median, {sessions} session(s): before {b:.0f} rows/s, {kind} {a:.0f} searched"
+                f" rows/s (x{a / b:.2f}) = {logged:.0f} logged rows/s kept up with (x{logged / b:.2f})"
             )
     for sessions in sorted({1, args.sessions}):
         b = statistics.median(rates[("now", sessions)])
-        for kind in kinds[2:]:
+        for kind in kinds[3:]:
             a = statistics.median(rates[(kind, sessions)])
             print(
                 f"median, {sessions} session(s): now {b:.0f} rows/s, {kind} {a:.0f}: x{a / b:.2f}"
@@ -514,11 +577,18 @@ def search_at_scale(url: str, args: argparse.Namespace) -> None:
                 f" kNN ({100 * rest / now:.1f}%), the kNN {now - rest:.3f} ms/row"
             )
         del found["nosearch"]
-    old, new = found["before"], found["now"]
+    # "before" searched other rows (the newest embedded, signalled or not); "oldidx" the same
+    # signalled rows as now, over the index of every row: its edges between signalled rows
+    # against now's are the effect of the smaller index on what is found.
+    del found["before"]
+    old = {e for e in found["oldidx"] if e[0] in signalled and e[1] in signalled}
+    new = found["now"]
     print(
-        f"edges of one batch: before {len(old)}, now {len(new)}, both {len(old & new)},"
-        f" before only {len(old - new)}, now only {len(new - old)}"
+        f"edges between signalled rows of one batch: over every row's index {len(old)}, over"
+        f" the signalled rows' (now) {len(new)}, both {len(old & new)}, only the first"
+        f" {len(old - new)}, only now {len(new - old)}"
     )
+    found["oldidx"] = old
     # Identical embeddings (distance 0: the same prompt text, which exact dedup by prompt hash
     # already merges; a snapshot ignores edges between equal hashes) apart from near ones.
     same = {e for e, d in exact.items() if d == 0}
@@ -649,10 +719,19 @@ def pipeline(url: str, home: Path, args: argparse.Namespace) -> None:
             ab = embed_rounds(
                 conn, endpoint, rows=args.endpoint_rows, rounds=args.embed_rounds, batch=args.batch
             )
-            for kind, what in (("before", "queue only"), ("now", "+ search copy")):
+            for kind, what in (("before", "queue + copy, every row"), ("now", "scan row")):
                 label = f"embed: endpoint (local stub), {what} ({kind})"
                 rates[label] = ab[kind]
                 loads[label] = load_avg()
+            label = "feedback on 50 % (queue + copy of those)"
+            t = time.perf_counter()
+            signalled = conn.execute(SIGNAL).rowcount
+            rates[label] = (signalled, time.perf_counter() - t)
+            loads[label] = load_avg()
+            embedded = conn.execute(
+                "SELECT count(*) AS n FROM obs.prompt_neighbour_scan"
+            ).fetchone()
+            assert embedded is not None
             queued = int(backlog(conn)["neighbours_rows"])
             t = time.perf_counter()
             one = 0
@@ -686,6 +765,14 @@ def pipeline(url: str, home: Path, args: argparse.Namespace) -> None:
         rate = n / sec if sec else 0.0
         print(
             f"{label:52} {n:>7} {sec:>7.1f} {rate:>8,.0f} {rate / ingest_rate:>8.2f}  {loads[label]}"
+        )
+    searched = [(n, sec) for label, (n, sec) in rates.items() if "neighbour search" in label]
+    share = queued / max(embedded["n"], 1)
+    for n, sec in searched:
+        print(
+            f"neighbour search per logged row: {n / sec / share:,.0f} rows/s"
+            f" ({n / sec:,.0f} searched rows/s; {100 * share:.0f} % of the embedded rows have a"
+            " dataset signal)"
         )
     print(
         f"edges stored: {edges['n']}; backlog left: {left['embedding_rows']:.0f} rows to embed,"

@@ -1,5 +1,6 @@
--- Search the neighbours of up to p_limit queued rows (obs.prompt_neighbour_scan, radius NULL):
--- for each, its p_neighbours nearest prompts of the same tenant and route through the HNSW
+-- Search the neighbours of up to p_limit queued rows (obs.prompt_neighbour_scan: candidates with
+-- radius NULL): for each, its p_neighbours nearest candidate prompts of the same tenant and
+-- route through the HNSW
 -- index of obs.prompt_embedding (one search per row over narrow rows, not one per weekly
 -- partition of the log; pgvector 0.8 iterative scan, so the tenant/route filter still yields
 -- k rows), keep those within p_radius as edges, mark the row searched and store its prompt
@@ -39,7 +40,7 @@ BEGIN
 
   WITH claimed AS (
     SELECT s.log_id, s.created_at FROM obs.prompt_neighbour_scan s
-     WHERE s.radius IS NULL
+     WHERE s.radius IS NULL AND s.candidate
      ORDER BY s.created_at DESC  -- newest first, like the embedder: the next snapshot needs them
      LIMIT p_limit
        FOR UPDATE SKIP LOCKED

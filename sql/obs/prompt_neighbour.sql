@@ -1,41 +1,65 @@
 -- Near-duplicate prompts, found once when a row is embedded instead of at every snapshot.
 --
--- obs.prompt_neighbour_scan: one row per embedded log row. radius IS NULL means "embedded, its
--- neighbours not searched yet" (the embedder's queue); otherwise the row's k nearest prompts of
--- the same tenant and route within `radius` cosine distance are in obs.prompt_neighbour, and
--- prompt_hash holds train.prompt_hash(messages), so a snapshot need not recompute it.
--- obs.prompt_embedding: the same rows' embeddings, copied from the log, with one HNSW index:
+-- Only prompts a dataset can use are searched and indexed: a log row whose signal a candidate
+-- view reads (obs.is_dataset_prompt: thumbs, an edit or a regeneration, and no PII flag). Every
+-- candidate view's prompt row carries one, and a snapshot's dedup only compares candidates, so
+-- the rows without one (most traffic) would cost a search and an index entry for edges nobody
+-- reads. A row is queued when it has both an embedding and a signal, whichever comes last.
+--
+-- obs.prompt_neighbour_scan: one row per embedded log row. candidate says the row has a
+-- signal; radius IS NULL on a candidate means "its neighbours not searched yet" (the embedder's
+-- queue); otherwise the row's k nearest candidate prompts of the same tenant and route within
+-- `radius` cosine distance are in obs.prompt_neighbour, and prompt_hash holds
+-- train.prompt_hash(messages), so a snapshot need not recompute it.
+-- obs.prompt_embedding: the candidates' embeddings, copied from the log, with one HNSW index:
 -- the search's own index (obs.compute_prompt_neighbours).
 -- obs.prompt_neighbour: one row per undirected edge, the older end (created_at, id) first.
 -- All carry (id, created_at), the log's partitioned primary key. Rows hold ids, a distance,
 -- a hash and the embedding, no text; deleting log rows through obs.inference_log deletes them
 -- too.
+
+-- The signal a candidate view reads from a log row (train.sft_candidate: an edit;
+-- train.kto_candidate: thumbs up or down; train.pair_candidate: a regeneration or an edit),
+-- and no PII flag. A superset of each view's own rules (consent, status, age are theirs).
+CREATE OR REPLACE FUNCTION obs.is_dataset_prompt(
+  p_fb_explicit smallint, p_fb_regen boolean, p_fb_edited boolean, p_pii_flags smallint
+) RETURNS boolean
+LANGUAGE sql IMMUTABLE PARALLEL SAFE AS $$
+  SELECT coalesce(p_pii_flags, 0) = 0
+     AND (coalesce(p_fb_regen, false) OR coalesce(p_fb_edited, false)
+          OR coalesce(p_fb_explicit, 0) <> 0)
+$$;
+COMMENT ON FUNCTION obs.is_dataset_prompt(smallint, boolean, boolean, smallint) IS
+  'A log row carries a signal some candidate view reads (thumbs, edit, regeneration) and no PII.';
+
 CREATE TABLE obs.prompt_neighbour_scan (
   log_id         bigint NOT NULL,
   created_at     timestamptz NOT NULL,
   tenant_id      int NOT NULL,
   route          text NOT NULL,
-  radius         double precision,     -- NULL: pending; else the search radius used
+  radius         double precision,     -- NULL: pending (a candidate); else the search radius used
   max_neighbours int,                  -- k of that search
   prompt_hash    bytea,                -- train.prompt_hash(messages), set with radius
   scanned_at     timestamptz,
+  candidate      boolean NOT NULL DEFAULT false, -- obs.is_dataset_prompt: searched and indexed
   PRIMARY KEY (log_id, created_at)
 );
--- The queue (partial: only what is pending) and the snapshot's range read of a route.
+-- The queue (partial: only candidates pending) and the snapshot's range read of a route.
 CREATE INDEX prompt_neighbour_scan_pending_idx
-  ON obs.prompt_neighbour_scan (created_at) WHERE radius IS NULL;
+  ON obs.prompt_neighbour_scan (created_at) WHERE radius IS NULL AND candidate;
 CREATE INDEX prompt_neighbour_scan_route_idx
   ON obs.prompt_neighbour_scan (tenant_id, route, created_at);
 COMMENT ON TABLE obs.prompt_neighbour_scan IS
-  'Per embedded log row: neighbours searched (radius, k) or pending (radius NULL), prompt hash.';
+  'Per embedded log row: a dataset candidate or not; neighbours searched (radius, k) or pending.';
 
 -- The search reads this instead of obs.inference_log: the log is partitioned by week with an
 -- HNSW index per partition, so a kNN over the log is one HNSW search per partition (3 at
 -- 110,000 rows, ~9 for a 60-day route) merged, with heap fetches of wide log rows; here it is
 -- one search over narrow rows. A table of its own, not a column of prompt_neighbour_scan:
 -- marking a row searched changes radius (the queue index's predicate), so that UPDATE is never
--- HOT and would insert the row into the HNSW index again. Written only when an embedding is
--- set or changes; the cascade removes it with its scan row (forget, prune, offboarding).
+-- HOT and would insert the row into the HNSW index again. Written only for candidates, when an
+-- embedding is set or changes or the row gets its signal; the cascade removes it with its scan
+-- row (forget, prune, offboarding).
 -- ~0.8 KB of heap and ~1 KB of HNSW index per row at 384 dimensions (BENCHMARKS.md).
 CREATE TABLE obs.prompt_embedding (
   log_id     bigint NOT NULL,
@@ -50,7 +74,7 @@ CREATE TABLE obs.prompt_embedding (
 CREATE INDEX prompt_embedding_embedding_idx
   ON obs.prompt_embedding USING hnsw (embedding halfvec_cosine_ops);
 COMMENT ON TABLE obs.prompt_embedding IS
-  'Per embedded log row: its prompt embedding, for the near-duplicate search (one HNSW index).';
+  'Per embedded candidate log row: its prompt embedding, for the near-duplicate search (HNSW).';
 
 CREATE TABLE obs.prompt_neighbour (
   tenant_id    int NOT NULL,
@@ -68,24 +92,35 @@ CREATE INDEX prompt_neighbour_route_idx
 COMMENT ON TABLE obs.prompt_neighbour IS
   'Near-duplicate prompts (same tenant and route, within the search radius), each pair once.';
 
--- A row that gets an embedding (the embedder's UPDATE, or a client that logs one) is queued,
--- and its embedding copied for the search; a changed embedding is searched again, a removed
--- one leaves the search index (the row is then marked searched with no edges).
+-- A row that gets an embedding (the embedder's UPDATE, or a client that logs one) gets its scan
+-- row; when it is a candidate it is queued and its embedding copied for the search. A changed
+-- embedding is searched again, a removed one leaves the search index (the row is then marked
+-- searched with no edges). A row that gets its signal after its embedding (feedback, a
+-- regeneration) is queued then. Both are UPDATEs of the same log row, so whichever commits
+-- second sees the other's columns in NEW.
 CREATE OR REPLACE FUNCTION obs.prompt_neighbour_enqueue() RETURNS trigger
 LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, public AS $$
+DECLARE
+  v_candidate boolean :=
+    obs.is_dataset_prompt(NEW.fb_explicit, NEW.fb_regen, NEW.fb_edited, NEW.pii_flags);
 BEGIN
   IF NEW.embedding IS NULL THEN
     DELETE FROM obs.prompt_embedding WHERE log_id = NEW.id AND created_at = NEW.created_at;
     RETURN NULL;
   END IF;
-  INSERT INTO obs.prompt_neighbour_scan (log_id, created_at, tenant_id, route)
-  VALUES (NEW.id, NEW.created_at, NEW.tenant_id, NEW.route)
+  INSERT INTO obs.prompt_neighbour_scan (log_id, created_at, tenant_id, route, candidate)
+  VALUES (NEW.id, NEW.created_at, NEW.tenant_id, NEW.route, v_candidate)
   ON CONFLICT (log_id, created_at) DO UPDATE
-    SET radius = NULL, max_neighbours = NULL, prompt_hash = NULL, scanned_at = NULL
-    WHERE TG_OP = 'UPDATE';  -- a new embedding of an existing row: search again
-  INSERT INTO obs.prompt_embedding (log_id, created_at, tenant_id, route, embedding)
-  VALUES (NEW.id, NEW.created_at, NEW.tenant_id, NEW.route, NEW.embedding)
-  ON CONFLICT (log_id, created_at) DO UPDATE SET embedding = EXCLUDED.embedding;
+    SET radius = NULL, max_neighbours = NULL, prompt_hash = NULL, scanned_at = NULL,
+        candidate = EXCLUDED.candidate
+    WHERE TG_OP = 'UPDATE';  -- a new embedding or a new signal: search again
+  IF v_candidate THEN
+    INSERT INTO obs.prompt_embedding (log_id, created_at, tenant_id, route, embedding)
+    VALUES (NEW.id, NEW.created_at, NEW.tenant_id, NEW.route, NEW.embedding)
+    ON CONFLICT (log_id, created_at) DO UPDATE SET embedding = EXCLUDED.embedding;
+  ELSIF TG_OP = 'UPDATE' THEN  -- re-embedded without a signal (e.g. flagged PII meanwhile)
+    DELETE FROM obs.prompt_embedding WHERE log_id = NEW.id AND created_at = NEW.created_at;
+  END IF;
   RETURN NULL;
 END
 $$;
@@ -97,6 +132,14 @@ CREATE TRIGGER inference_log_embedded
 CREATE TRIGGER inference_log_reembedded
   AFTER UPDATE OF embedding ON obs.inference_log
   FOR EACH ROW WHEN (NEW.embedding IS DISTINCT FROM OLD.embedding)
+  EXECUTE FUNCTION obs.prompt_neighbour_enqueue();
+CREATE TRIGGER inference_log_dataset_signal
+  AFTER UPDATE OF fb_explicit, fb_regen, fb_edited, pii_flags ON obs.inference_log
+  FOR EACH ROW WHEN (NEW.embedding IS NOT NULL
+                     AND obs.is_dataset_prompt(NEW.fb_explicit, NEW.fb_regen, NEW.fb_edited,
+                                               NEW.pii_flags)
+                     AND NOT obs.is_dataset_prompt(OLD.fb_explicit, OLD.fb_regen, OLD.fb_edited,
+                                                   OLD.pii_flags))
   EXECUTE FUNCTION obs.prompt_neighbour_enqueue();
 
 -- Deleted log rows (forgetting a user) take their markers, embeddings (by the cascade) and

@@ -39,6 +39,7 @@ def _traffic(conn: Any) -> None:
                 route=routes[c % 2],
                 embedding=to_halfvec(vec),
                 created_at=now - timedelta(minutes=i),
+                fb_explicit=1,  # a dataset signal: only such rows are searched
             )
             i += 1
 

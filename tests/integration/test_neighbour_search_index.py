@@ -75,6 +75,7 @@ def test_edges_equal_the_exact_within_radius_knn(conn):
                     route=routes[t["id"]][c % 2],
                     embedding=vec,
                     created_at=now - timedelta(minutes=i),
+                    fb_explicit=1,
                 )
             i += 1
     assert link_pending(conn, radius=RADIUS, neighbours=K, batch_size=16) == 2 * i
@@ -91,8 +92,8 @@ def test_the_copy_follows_the_log_row(conn):
     t = make_tenant(conn)
     r = make_route(conn, tenant_id=t["id"])["name"]
     a, b = to_halfvec(_unit([1.0] * 384)), to_halfvec(_unit([1.0] * 383 + [2.0]))
-    first = make_log(conn, tenant_id=t["id"], route=r, embedding=a)
-    later = make_log(conn, tenant_id=t["id"], route=r)
+    first = make_log(conn, tenant_id=t["id"], route=r, embedding=a, fb_explicit=1)
+    later = make_log(conn, tenant_id=t["id"], route=r, fb_explicit=-1)
     assert _copies(conn, t["id"]) == 1
     key = (later["id"], later["created_at"])
     conn.execute(
@@ -130,8 +131,8 @@ def test_pruning_and_offboarding_remove_the_copies(conn):
     vec = to_halfvec(_unit([1.0] * 384))
     old = datetime.now(UTC) - timedelta(days=120)
     conn.execute("SELECT obs.create_partitions(0, %s)", (old,))
-    make_log(conn, tenant_id=t["id"], route=r, embedding=vec, created_at=old)
-    make_log(conn, tenant_id=t["id"], route=r, embedding=vec)
+    make_log(conn, tenant_id=t["id"], route=r, embedding=vec, created_at=old, fb_edited=True)
+    make_log(conn, tenant_id=t["id"], route=r, embedding=vec, fb_regen=True)
     assert _copies(conn, t["id"]) == 2
     report = run_once(conn, weeks_ahead=1, retention_days=90)
     assert report.dropped and report.neighbours_pruned >= 1
@@ -140,3 +141,69 @@ def test_pruning_and_offboarding_remove_the_copies(conn):
     conn.execute("SELECT auth.offboard_tenant_prepare(%s, 'test')", (t["id"],))
     conn.execute("SELECT auth.offboard_tenant(%s, 'test', true)", (t["id"],))
     assert _copies(conn, t["id"]) == 0
+
+
+def _scan(conn: Any, row: dict[str, Any]) -> dict[str, Any] | None:
+    return conn.execute(  # type: ignore[no-any-return]
+        "SELECT candidate, radius FROM obs.prompt_neighbour_scan WHERE log_id = %s",
+        (row["id"],),
+    ).fetchone()
+
+
+def _set(conn: Any, row: dict[str, Any], assignments: str, *args: Any) -> None:
+    conn.execute(
+        f"UPDATE obs.inference_log SET {assignments} WHERE id = %s AND created_at = %s",
+        (*args, row["id"], row["created_at"]),
+    )
+
+
+def test_only_prompts_a_dataset_can_use_are_searched(conn):
+    """Embedded rows without a dataset signal (no thumbs, edit or regeneration, or a PII flag)
+    are neither queued nor indexed; a signal that arrives after the embedding (feedback, a
+    regeneration link), or an embedding that arrives after the signal, queues the row, and its
+    search finds the earlier candidates, never a row without a signal."""
+    t = make_tenant(conn)
+    r = make_route(conn, tenant_id=t["id"])["name"]
+    vec = to_halfvec(_unit([1.0] * 384))
+    near = to_halfvec(_unit([1.0] * 383 + [1.1]))
+    plain = make_log(conn, tenant_id=t["id"], route=r, embedding=vec)
+    neutral = make_log(conn, tenant_id=t["id"], route=r, embedding=vec, fb_explicit=0)
+    pii = make_log(conn, tenant_id=t["id"], route=r, embedding=vec, fb_explicit=1, pii_flags=1)
+    thumbs = make_log(conn, tenant_id=t["id"], route=r, embedding=near, fb_explicit=-1)
+    for row in (plain, neutral, pii):
+        assert _scan(conn, row) == {"candidate": False, "radius": None}
+    assert _scan(conn, thumbs) == {"candidate": True, "radius": None}
+    assert _copies(conn, t["id"]) == 1
+    from workers.embedder.metrics import backlog
+
+    assert backlog(conn)["neighbours_rows"] == 1
+    assert link_pending(conn, radius=RADIUS, neighbours=K) == 1
+    assert conn.execute("SELECT count(*) AS n FROM obs.prompt_neighbour").fetchone()["n"] == 0
+
+    # The user regenerates the plain row's answer: it becomes a DPO prompt, queued and indexed,
+    # and its search finds the thumbs row (not the neutral or PII rows, which are nearer).
+    _set(conn, plain, "fb_regen = true")
+    assert _scan(conn, plain) == {"candidate": True, "radius": None}
+    assert _copies(conn, t["id"]) == 2
+    assert link_pending(conn, radius=RADIUS, neighbours=K) == 1
+    edges = conn.execute("SELECT a_id, b_id FROM obs.prompt_neighbour").fetchall()
+    assert {(e["a_id"], e["b_id"]) for e in edges} == {(plain["id"], thumbs["id"])}
+
+    # Feedback first, the embedding later (the embedder's UPDATE): queued then.
+    later = make_log(conn, tenant_id=t["id"], route=r, fb_edited=True)
+    assert _scan(conn, later) is None
+    _set(conn, later, "embedding = %s", vec)
+    assert _scan(conn, later) == {"candidate": True, "radius": None}
+    # Signal and embedding in one UPDATE: queued once.
+    both = make_log(conn, tenant_id=t["id"], route=r)
+    _set(conn, both, "embedding = %s, fb_explicit = 1", vec)
+    assert _scan(conn, both) == {"candidate": True, "radius": None}
+    assert link_pending(conn, radius=RADIUS, neighbours=K) == 2
+    assert _copies(conn, t["id"]) == 4
+    # A thumb taken back leaves the row as it is (a superset is harmless); the PII row
+    # unflagged becomes a candidate.
+    _set(conn, thumbs, "fb_explicit = 0")
+    assert _scan(conn, thumbs)["candidate"] is True
+    _set(conn, pii, "pii_flags = 0")
+    assert _scan(conn, pii) == {"candidate": True, "radius": None}
+    assert backlog(conn)["neighbours_rows"] == 1

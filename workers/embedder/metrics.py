@@ -36,9 +36,10 @@ _BACKLOG = """
 SELECT (SELECT count(*) FROM obs.inference_log WHERE embedding IS NULL) AS embedding_rows,
        (SELECT extract(epoch FROM now() - min(created_at)) FROM obs.inference_log
          WHERE embedding IS NULL) AS embedding_age,
-       (SELECT count(*) FROM obs.prompt_neighbour_scan WHERE radius IS NULL) AS neighbours_rows,
+       (SELECT count(*) FROM obs.prompt_neighbour_scan WHERE radius IS NULL AND candidate)
+         AS neighbours_rows,
        (SELECT extract(epoch FROM now() - min(created_at)) FROM obs.prompt_neighbour_scan
-         WHERE radius IS NULL) AS neighbours_age
+         WHERE radius IS NULL AND candidate) AS neighbours_age
 """
 
 
