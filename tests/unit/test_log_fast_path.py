@@ -32,7 +32,7 @@ INTS = st.one_of(
     TEXT,
 )
 ROLES = st.sampled_from(["user", "assistant", "system", "tool", "bot", "", None, 3])
-CONTENT = st.one_of(
+CONTENT: st.SearchStrategy[Any] = st.one_of(
     TEXT, st.none(), st.integers(), st.just([{"type": "text", "text": "hi"}]), st.just({})
 )
 MESSAGE = st.one_of(
