@@ -196,11 +196,15 @@ class LogSink:
 
 
 # Errors a retry of the same record cannot fix: the validator's (a backend's completion it cannot
-# store, say), and the server's refusal of the data itself (e.g. the tenant was offboarded).
+# store, say), and the server's refusal of the data itself (e.g. the tenant was offboarded: a
+# foreign key). Not unique_violation: a concurrent write of the same request id raises it, and
+# the retry finds that row and skips it (`logs.log_batch`).
 PERMANENT_LOG_ERRORS: tuple[type[Exception], ...] = (
     InvalidRecord,
     psycopg.errors.DataError,
-    psycopg.errors.IntegrityError,
+    psycopg.errors.ForeignKeyViolation,
+    psycopg.errors.CheckViolation,
+    psycopg.errors.NotNullViolation,
 )
 
 

@@ -113,3 +113,29 @@ def test_a_record_that_can_never_be_written_is_split_out_and_dropped() -> None:
     writer = asyncio.run(main())
     assert sorted(written) == sorted(f"r{i}" for i in range(20) if i not in (7, 13))
     assert dropped == ["r7", "r13"] and writer.dropped == 2 and writer.failures == 0
+
+
+def test_the_routers_permanent_errors_leave_a_concurrent_duplicate_to_the_retry() -> None:
+    """unique_violation (a concurrent write of the same request id) is retried, not dropped:
+    the retry finds the row and skips it."""
+    import psycopg
+
+    from app.gateway.service import PERMANENT_LOG_ERRORS
+
+    calls: list[int] = []
+
+    def sink(batch: list[dict[str, Any]]) -> None:
+        calls.append(len(batch))
+        if len(calls) == 1:
+            raise psycopg.errors.UniqueViolation("request id already logged")
+
+    async def main() -> LogWriter:
+        writer = LogWriter(sink, max_delay=0.0, max_backoff=0.05, permanent=PERMANENT_LOG_ERRORS)
+        writer.start()
+        writer.submit({"request_id": "x"})
+        await writer.close()
+        return writer
+
+    writer = asyncio.run(main())
+    assert calls == [1, 1] and writer.dropped == 0 and writer.written == 1
+    assert writer.failures == 1
