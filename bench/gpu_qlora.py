@@ -174,6 +174,15 @@ SFT_CANDIDATES: dict[str, dict[str, Any]] = {
     "d0-sdpa-no-cudnn-profile": dict(max_steps=4, _profile=True, _no_cudnn_sdp=True),
     "d0-compile-layers": dict(_compile_layers=True),
     "d0-sdpa-no-cudnn-compile": dict(_no_cudnn_sdp=True, _compile_layers=True),
+    # round 5: TRL 1.16 applies only Liger's layer kernels (RMSNorm, RoPE, SwiGLU; its own fused LM head
+    # stays), and Dynamo fails on Liger's RMSNorm: compiled layers fuse those themselves, so Liger is off
+    "d0-compile-no-liger": dict(use_liger_kernel=False, _compile_layers=True),
+    "d0-compile-no-liger-no-offload": dict(
+        use_liger_kernel=False, activation_offloading=False, _compile_layers=True
+    ),
+    "d0-compile-no-liger-profile": dict(
+        max_steps=4, _profile=True, use_liger_kernel=False, _compile_layers=True
+    ),
 }
 DPO_CANDIDATES: dict[str, dict[str, Any]] = {
     "bs1-liger-pre": dict(
