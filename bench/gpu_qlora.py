@@ -180,6 +180,24 @@ SFT_CANDIDATES: dict[str, dict[str, Any]] = {
     "d0-compile-no-liger-no-offload": dict(
         use_liger_kernel=False, activation_offloading=False, _compile_layers=True
     ),
+    # call 1 of round 5: compiled layers without offloading ran 1.26x Unsloth but 0.021 GiB over its peak;
+    # a narrower LM-head tile trims the largest transient, `_offload_min_bytes` offloads only tensors of at
+    # least that size (TRL's default 1024 B also moves small ones, each with its own copy and event)
+    "d0-compile-no-offload-tile4096": dict(
+        use_liger_kernel=False,
+        activation_offloading=False,
+        _compile_layers=True,
+        _lm_head_tile=4096,
+    ),
+    "d0-compile-no-offload-tile2048": dict(
+        use_liger_kernel=False,
+        activation_offloading=False,
+        _compile_layers=True,
+        _lm_head_tile=2048,
+    ),
+    "d0-compile-offload-min1m": dict(
+        use_liger_kernel=False, _compile_layers=True, _offload_min_bytes=1 << 20
+    ),
     "d0-compile-no-liger-profile": dict(
         max_steps=4, _profile=True, use_liger_kernel=False, _compile_layers=True
     ),
@@ -553,6 +571,13 @@ def run_cft(
         torch.backends.cuda.enable_cudnn_sdp(False)
     if knobs.get("_cudnn_sdp"):
         trl_factory.training_attention = lambda packed_on_cuda: contextlib.nullcontext()
+    if "_offload_min_bytes" in knobs:
+        import trl.trainer.sft_trainer as sft_trainer
+
+        offload = sft_trainer.get_act_offloading_ctx_manager
+        sft_trainer.get_act_offloading_ctx_manager = lambda model, **kw: offload(
+            model, **{**kw, "min_offload_size": knobs["_offload_min_bytes"]}
+        )
     bases = BaseCache()
     if knobs.get("_compile_layers"):
 
