@@ -81,8 +81,9 @@ def main() -> None:
                     for _note in lc.notifies(timeout=0.2, stop_after=1):
                         notified.setdefault(f"n{len(notified)}", time.perf_counter())
 
+        probe = threading.Thread(target=listen, daemon=True)
         if not args.no_probe:
-            threading.Thread(target=listen, daemon=True).start()
+            probe.start()
             listening.wait(10)
         notify_ms: list[float] = []
         commit_ms: list[float] = []
@@ -131,6 +132,8 @@ def main() -> None:
                 if arrivals:
                     notify_ms.append((arrivals[0] - t0) * 1000)
         stop.set()
+        if probe.is_alive():  # out of notifies() before the bench stops PostgreSQL
+            probe.join(5)
         print(f"promotion -> routing, {len(times)} rounds (stub backend, cft router)")
         print(
             f"p50 {rb.pct(times, 50):.1f} ms  p99 {rb.pct(times, 99):.1f} ms"
