@@ -83,6 +83,11 @@ def test_training_run_lifecycle_over_http(api, conn) -> None:  # type: ignore[no
         ({"hyperparameters": {"target_modules": ["q_proj; drop"]}}, 422, "target_modules"),
         ({"hyperparameters": {"packing": True}}, 422, "packing is for sft only"),
         ({"hyperparameters": {"padding_free": True}}, 422, "DPOTrainer disables it"),
+        (
+            {"hyperparameters": {"compile_layers": True, "use_liger_kernel": True}},
+            422,
+            "compile_layers and use_liger_kernel exclude each other",
+        ),
         ({"method": "sft"}, 400, "holds dpo examples"),
         ({"snapshot_id": str(uuid.uuid4())}, 404, "does not exist"),
     ],

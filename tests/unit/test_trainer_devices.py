@@ -120,3 +120,58 @@ def test_training_attention_turns_cudnn_sdpa_off_for_packed_cuda_runs_only() -> 
     with pytest.raises(RuntimeError), training_attention(packed_on_cuda=True):
         raise RuntimeError("a failed run")
     assert torch.backends.cuda.cudnn_sdp_enabled()
+
+
+def _tiny_llama():  # type: ignore[no-untyped-def]
+    import torch
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    torch.manual_seed(0)
+    config = LlamaConfig(
+        hidden_size=64,
+        intermediate_size=128,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=4,
+        vocab_size=97,
+    )
+    model = LlamaForCausalLM(config)
+    model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+    model.train()
+    return model
+
+
+def test_compiled_layers_train_like_eager_layers_and_are_restored() -> None:
+    """The compiled decoder layers give eager's loss and gradients (packed rows of two lengths,
+    checkpointed as in training), and the shared base's layers are eager again afterwards."""
+    import torch
+
+    from workers.trainer.trl_factory import compiled_layers
+
+    model = _tiny_llama()
+    layers = list(model.model.layers)
+
+    def step(length: int) -> tuple[torch.Tensor, list[torch.Tensor]]:
+        model.zero_grad()
+        ids = torch.arange(length).remainder(97).unsqueeze(0)
+        # two packed documents (position ids restart), as padding-free SFT batches them
+        pos = torch.cat([torch.arange(length // 2), torch.arange(length - length // 2)])
+        out = model(input_ids=ids, labels=ids, position_ids=pos.unsqueeze(0))
+        out.loss.backward()
+        return out.loss.detach(), [p.grad.clone() for p in model.parameters()]
+
+    eager = [step(n) for n in (24, 37)]
+    with compiled_layers(model, enabled=True):
+        assert all(layer._compiled_call_impl is not None for layer in layers)
+        compiled = [step(n) for n in (24, 37)]  # packed rows change length every batch
+    assert all(layer._compiled_call_impl is None for layer in layers)
+    for (loss_e, grads_e), (loss_c, grads_c) in zip(eager, compiled, strict=True):
+        torch.testing.assert_close(loss_c, loss_e, rtol=1e-4, atol=1e-5)
+        for g_c, g_e in zip(grads_c, grads_e, strict=True):
+            torch.testing.assert_close(g_c, g_e, rtol=1e-3, atol=1e-5)
+
+    with compiled_layers(model, enabled=False):
+        assert all(layer._compiled_call_impl is None for layer in layers)
+    with pytest.raises(RuntimeError), compiled_layers(model, enabled=True):
+        raise RuntimeError("a failed run")
+    assert all(layer._compiled_call_impl is None for layer in layers)

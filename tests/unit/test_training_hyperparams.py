@@ -48,6 +48,39 @@ def test_speed_defaults_per_device(caplog: pytest.LogCaptureFixture) -> None:
     assert forced.liger is False and "need CUDA" in caplog.text
 
 
+def test_compiled_layers_for_long_packed_cuda_runs(caplog: pytest.LogCaptureFixture) -> None:
+    from workers.trainer.plan import COMPILE_MIN_STEPS
+
+    long = Hyperparameters(max_steps=COMPILE_MIN_STEPS)
+    gpu = speed_setup("sft", long, cuda=True)
+    # compiled layers replace Liger's layer kernels (Dynamo cannot trace them)
+    assert (gpu.packing, gpu.compile, gpu.liger) == (True, True, False)
+    short = speed_setup("sft", Hyperparameters(max_steps=COMPILE_MIN_STEPS - 1), cuda=True)
+    assert short.compile is False
+    # epochs over the examples: 3 x ceil(n / 16) optimizer steps with the runbook's batch shape
+    per_epoch = -(-COMPILE_MIN_STEPS // 3)
+    assert speed_setup("sft", Hyperparameters(), cuda=True, n_train=16 * per_epoch).compile
+    assert not speed_setup(
+        "sft", Hyperparameters(), cuda=True, n_train=16 * (per_epoch - 2)
+    ).compile
+    assert not speed_setup("sft", Hyperparameters(), cuda=True).compile  # length unknown
+    assert not speed_setup("dpo", long, cuda=True).compile  # unpacked: not measured
+    assert not speed_setup("sft", long, cuda=False).compile
+    assert not speed_setup("sft", Hyperparameters(max_steps=500, packing=False), cuda=True).compile
+    # the caller's Liger wins over the default (liger-kernel is not installed on this CPU box)
+    with pytest.raises(ValueError, match="liger-kernel is not installed"):
+        speed_setup("sft", Hyperparameters(max_steps=500, use_liger_kernel=True), cuda=True)
+    off = speed_setup("sft", Hyperparameters(max_steps=500, use_liger_kernel=False), cuda=True)
+    assert (off.compile, off.liger) == (True, False)
+    asked = speed_setup("dpo", Hyperparameters(compile_layers=True), cuda=True)
+    assert (asked.compile, asked.liger) == (True, False)
+    with caplog.at_level(logging.WARNING):
+        cpu = speed_setup("sft", Hyperparameters(compile_layers=True), cuda=False)
+    assert cpu.compile is False and "compiled layers need CUDA" in caplog.text
+    with pytest.raises(ValidationError, match="exclude each other"):
+        Hyperparameters(compile_layers=True, use_liger_kernel=True)
+
+
 def test_sft_chats_become_prompt_completion_pairs() -> None:
     chat = [
         {"role": "user", "content": "hi"},
@@ -103,6 +136,11 @@ def test_packed_rows_follow_the_longest_example_and_keep_the_step_size() -> None
     assert long.max_length == 1728
     short, _ = resolve_hyperparameters("sft", Hyperparameters(), True, _sft_rows([10, 20]), tok)
     assert short.max_length == MIN_PACK_LENGTH and short.grad_accum == 1
+    # the resolved settings are written into the run's hyperparameters (the TRL config reads them)
+    assert (hp.compile_layers, short.compile_layers) == (False, False)  # 3 examples: a short run
+    steps = Hyperparameters(max_steps=400)
+    compiled, speed = resolve_hyperparameters("sft", steps, True, rows, tok)
+    assert compiled.compile_layers is True and speed.compile and compiled.use_liger_kernel is False
     # batch_size 2: two rows per micro-batch and the tokens of 2 x 16 examples per step.
     two, _ = resolve_hyperparameters("sft", Hyperparameters(batch_size=2), True, rows, tok)
     assert two.grad_accum == math.ceil(2 * 16 * mean / (2 * 1536))

@@ -31,6 +31,27 @@ class SpeedSetup:
     liger: bool
     offload: bool = False
     precompute: bool = False
+    compile: bool = False
+
+
+# Packed CUDA SFT runs of at least this many optimizer steps compile their decoder layers by
+# default: compiling costs ~40-60 s and saves ~0.4-0.5 s per step of ~7,400 tokens of a 1B model
+# (1.30-1.43x the tokens/s; BENCHMARKS.md "QLoRA against Unsloth", round 5), so it pays back after
+# ~80-120 steps; shorter runs keep eager layers with Liger's kernels.
+COMPILE_MIN_STEPS = 200
+
+
+def planned_steps(hp: Hyperparameters, n_train: int | None) -> int | None:
+    """Optimizer steps the run will take (max_steps, else epochs over n_train), None if unknown.
+
+    Counted in examples before packing: an unset grad_accum of a packed run is scaled to keep a
+    step at about batch_size x grad_accum examples' tokens, so the count holds for packed runs too.
+    """
+    if hp.max_steps > 0:
+        return hp.max_steps
+    if n_train is None:
+        return None
+    return math.ceil(hp.epochs * math.ceil(n_train / (hp.batch_size * hp.grad_accum)))
 
 
 def speed_setup(
@@ -40,16 +61,35 @@ def speed_setup(
 
     CUDA defaults (BENCHMARKS.md "QLoRA on GPU (issue 5)"): SFT packs (BFD, padding-free); SFT and
     DPO use Liger's layer kernels and activation offloading; DPO precomputes the reference
-    log-probs when the run covers the training set at least once (n_train examples).
+    log-probs when the run covers the training set at least once (n_train examples); packed SFT
+    runs of COMPILE_MIN_STEPS or more compile their decoder layers instead of using Liger's.
     """
     import importlib.util
 
     hp.check_method(method)
     packing = (method == "sft" and cuda) if hp.packing is None else hp.packing
     padding_free = packing if hp.padding_free is None else hp.padding_free
+    compiled = hp.compile_layers
+    if compiled is None:
+        steps = planned_steps(hp, n_train)
+        compiled = (
+            cuda
+            and packing
+            and hp.use_liger_kernel is not True
+            and steps is not None
+            and steps >= COMPILE_MIN_STEPS
+        )
+    elif compiled and not cuda:
+        log.warning("compile_layers=true ignored: compiled layers need CUDA (this run is on CPU)")
+        compiled = False
     liger = hp.use_liger_kernel
     if liger is None:
-        liger = cuda and method in ("sft", "dpo") and bool(importlib.util.find_spec("liger_kernel"))
+        liger = (
+            cuda
+            and not compiled
+            and method in ("sft", "dpo")
+            and bool(importlib.util.find_spec("liger_kernel"))
+        )
     elif liger and not cuda:
         log.warning("use_liger_kernel=true ignored: Liger kernels need CUDA (this run is on CPU)")
         liger = False
@@ -69,7 +109,9 @@ def speed_setup(
             n_train is not None and hp.max_steps * per_step >= n_train
         )
         precompute = cuda and method == "dpo" and covers_epoch
-    return SpeedSetup(packing, padding_free, liger, offload=offload, precompute=precompute)
+    return SpeedSetup(
+        packing, padding_free, liger, offload=offload, precompute=precompute, compile=compiled
+    )
 
 
 # The shortest packed SFT row on CUDA. Rows follow the data (as long as the longest example, up to
@@ -108,6 +150,7 @@ def resolve_hyperparameters(
         "use_liger_kernel": speed.liger,
         "activation_offloading": speed.offload,
         "precompute_ref_log_probs": speed.precompute,
+        "compile_layers": speed.compile,
     }
     if speed.packing and rows:
         lengths = [min(n, hp.max_length) for n in _token_lengths(rows, tokenizer)]

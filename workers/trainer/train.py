@@ -189,7 +189,7 @@ def _train(
     log.info(
         "training %s on %s: device=%s optimizer=%s%s gradient_checkpointing=%s packing=%s"
         " padding_free=%s liger=%s activation_offloading=%s precompute_ref_log_probs=%s"
-        " batch_size=%d grad_accum=%d max_length=%d",
+        " compile_layers=%s batch_size=%d grad_accum=%d max_length=%d",
         method,
         base.name,
         "cuda" if cuda else "cpu",
@@ -201,6 +201,7 @@ def _train(
         speed.liger,
         speed.offload,
         speed.precompute,
+        speed.compile,
         hp.batch_size,
         hp.grad_accum,
         hp.max_length,
@@ -233,6 +234,7 @@ def _train(
             "liger": speed.liger,
             "activation_offloading": speed.offload,
             "precompute_ref_log_probs": speed.precompute,
+            "compile_layers": speed.compile,
             "batch_size": hp.batch_size,
             "grad_accum": hp.grad_accum,
             "max_length": hp.max_length,
