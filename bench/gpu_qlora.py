@@ -198,6 +198,8 @@ SFT_CANDIDATES: dict[str, dict[str, Any]] = {
     "d0-compile-offload-min1m": dict(
         use_liger_kernel=False, _compile_layers=True, _offload_min_bytes=1 << 20
     ),
+    # the product path since round 5: `compile_layers` (auto only for runs of >= 200 steps; forced here)
+    "compiled": dict(compile_layers=True),
     "d0-compile-no-liger-profile": dict(
         max_steps=4, _profile=True, use_liger_kernel=False, _compile_layers=True
     ),
