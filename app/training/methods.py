@@ -83,7 +83,7 @@ class Hyperparameters(BaseModel):
         description="torch.compile each decoder layer (CUDA only; ignored with a warning on CPU):"
         " ~40-60 s of compiling for ~1.3-1.4x the tokens/s of a packed 1B SFT step. Replaces"
         " Liger's layer kernels (Dynamo cannot trace them), so it excludes use_liger_kernel=true."
-        " None: on with CUDA for packed SFT runs of at least 200 optimizer steps.",
+        " None: on for single-GPU packed SFT runs of at least 200 optimizer steps.",
     )
     precompute_ref_log_probs: bool | None = Field(
         None,

@@ -48,7 +48,9 @@ def test_speed_defaults_per_device(caplog: pytest.LogCaptureFixture) -> None:
     assert forced.liger is False and "need CUDA" in caplog.text
 
 
-def test_compiled_layers_for_long_packed_cuda_runs(caplog: pytest.LogCaptureFixture) -> None:
+def test_compiled_layers_for_long_packed_cuda_runs(
+    caplog: pytest.LogCaptureFixture, monkeypatch: pytest.MonkeyPatch
+) -> None:
     from workers.trainer.plan import COMPILE_MIN_STEPS
 
     long = Hyperparameters(max_steps=COMPILE_MIN_STEPS)
@@ -79,6 +81,10 @@ def test_compiled_layers_for_long_packed_cuda_runs(caplog: pytest.LogCaptureFixt
     assert cpu.compile is False and "compiled layers need CUDA" in caplog.text
     with pytest.raises(ValidationError, match="exclude each other"):
         Hyperparameters(compile_layers=True, use_liger_kernel=True)
+    # a rank of a DDP / FSDP run (accelerate launch): not by default (measured on one GPU)
+    monkeypatch.setenv("WORLD_SIZE", "2")
+    assert not speed_setup("sft", long, cuda=True).compile
+    assert speed_setup("sft", Hyperparameters(compile_layers=True), cuda=True).compile
 
 
 def test_sft_chats_become_prompt_completion_pairs() -> None:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import logging
 import math
+import os
 from dataclasses import dataclass
 from typing import Any
 
@@ -78,6 +79,8 @@ def speed_setup(
             and hp.use_liger_kernel is not True
             and steps is not None
             and steps >= COMPILE_MIN_STEPS
+            # measured on one GPU; under DDP/FSDP (accelerate launch sets WORLD_SIZE) not yet
+            and int(os.environ.get("WORLD_SIZE", "1")) == 1
         )
     elif compiled and not cuda:
         log.warning("compile_layers=true ignored: compiled layers need CUDA (this run is on CPU)")
