@@ -72,11 +72,14 @@ def compiled_layers(model: Any, enabled: bool) -> Iterator[None]:
     attention, SwiGLU and the LoRA and NF4 ops of its projections, under gradient checkpointing)
     instead of hundreds of eager op dispatches: SFT 4204-4521 -> 5881-5998 tok/s in one call on an
     H200 (BENCHMARKS.md "QLoRA against Unsloth", round 5). The layers (transformers' gradient
-    checkpointing layers) belong to the shared base: their eager call is restored on exit.
+    checkpointing layers) belong to the shared base: their eager call is restored on exit. A speed
+    setting must not fail a run: while it trains, a graph the compiler cannot build runs eager
+    (Dynamo's suppress_errors, with its error logged) instead of raising.
     """
     if not enabled:
         yield
         return
+    import torch._dynamo
     from transformers.modeling_layers import GradientCheckpointingLayer
 
     layers = [m for m in model.modules() if isinstance(m, GradientCheckpointingLayer)]
@@ -84,9 +87,12 @@ def compiled_layers(model: Any, enabled: bool) -> Iterator[None]:
         log.warning("compile_layers: no decoder layers found in %s; training eager", type(model))
     for layer in layers:
         layer.compile(dynamic=True)
+    suppress = torch._dynamo.config.suppress_errors
+    torch._dynamo.config.suppress_errors = True
     try:
         yield
     finally:
+        torch._dynamo.config.suppress_errors = suppress
         for layer in layers:
             # nn.Module.compile keeps the compiled call here; None is the eager call again.
             layer._compiled_call_impl = None
