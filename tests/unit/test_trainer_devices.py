@@ -177,3 +177,47 @@ def test_compiled_layers_train_like_eager_layers_and_are_restored() -> None:
     with pytest.raises(RuntimeError), compiled_layers(model, enabled=True):
         raise RuntimeError("a failed run")
     assert all(layer._compiled_call_impl is None for layer in layers)
+
+
+def test_offloading_keeps_the_allocator_cache(monkeypatch: pytest.MonkeyPatch) -> None:
+    """TRL's offloading context empties the CUDA cache on each micro-batch of a QLoRA run; cft's
+    trainers keep the cache (free blocks the next micro-batch reuses) and TRL's state reset."""
+    import sys
+    import types
+
+    import torch
+    from torch.autograd.graph import saved_tensors_hooks
+    from trl.models.activation_offloading import OffloadActivations
+
+    from workers.trainer.trl_factory import keep_allocator_cache
+
+    emptied: list[bool] = []
+    monkeypatch.setattr(torch.cuda, "empty_cache", lambda: emptied.append(True))
+    monkeypatch.setitem(sys.modules, "bitsandbytes", sys.modules.get("bitsandbytes", types))
+
+    def offload_ctx() -> OffloadActivations:
+        # OffloadActivations() needs an accelerator: build one as its __init__ would, no streams
+        ctx = OffloadActivations.__new__(OffloadActivations)
+        saved_tensors_hooks.__init__(ctx, lambda t: t, lambda t: t)
+        ctx.use_streams = False
+        ctx.device_module = torch.cuda
+        ctx.tracker, ctx.storage_to_tensor_id, ctx._storage_key_by_tensor_id = {1: 0}, {}, {}
+        return ctx
+
+    plain = types.SimpleNamespace(maybe_activation_offload_context=offload_ctx())
+    with plain.maybe_activation_offload_context:
+        pass
+    assert emptied == [
+        True
+    ]  # TRL's own behaviour: if this fails, TRL changed and the patch is moot
+
+    emptied.clear()
+    kept = types.SimpleNamespace(maybe_activation_offload_context=offload_ctx())
+    keep_allocator_cache(kept)
+    keep_allocator_cache(kept)  # idempotent
+    ctx = kept.maybe_activation_offload_context
+    with ctx:
+        assert ctx.tracker == {}  # the stale state is still cleared
+        assert ctx.device_module.Stream is torch.cuda.Stream  # the rest is torch.cuda's
+    assert emptied == []
+    keep_allocator_cache(types.SimpleNamespace(maybe_activation_offload_context=None))  # no-op

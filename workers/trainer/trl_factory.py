@@ -42,6 +42,35 @@ def narrow_lm_head_tile(cuda: bool) -> None:
         trl_utils._CHUNKED_LOGPROB_CHUNK_SIZE = LM_HEAD_TILE
 
 
+class _KeepAllocatorCache:
+    """A device module (torch.cuda) whose `empty_cache` does nothing; all else is the module's."""
+
+    def __init__(self, module: Any) -> None:
+        self._module = module
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._module, name)
+
+    def empty_cache(self) -> None:
+        pass
+
+
+def keep_allocator_cache(trainer: Any) -> None:
+    """Stop TRL's activation offloading from emptying the CUDA allocator's cache every micro-batch.
+
+    TRL 1.16's `OffloadActivations.__enter__` (huggingface/trl#5730) clears its own stale
+    state and then calls `empty_cache()` whenever bitsandbytes is imported, i.e. in every QLoRA
+    micro-batch: each one then gives all cached blocks back to the driver (cudaFree waits for
+    the device) and cudaMallocs them again, in a step that is host-bound. Clearing the stale
+    state is what frees the leaked tensors; the cache it empties holds only free blocks, which
+    the next micro-batch reuses (allocated memory, the peak VRAM cft reports, does not change).
+    """
+    ctx = getattr(trainer, "maybe_activation_offload_context", None)
+    module = getattr(ctx, "device_module", None)
+    if module is not None and not isinstance(module, _KeepAllocatorCache):
+        ctx.device_module = _KeepAllocatorCache(module)
+
+
 @contextmanager
 def training_attention(packed_on_cuda: bool) -> Iterator[None]:
     """SDPA without its cuDNN backend while a run trains packed rows on CUDA.
@@ -239,6 +268,7 @@ def build_trainer(
     trainer = None
     try:
         trainer = trainer_class(method)(**kwargs)
+        keep_allocator_cache(trainer)
         with (
             training_attention(cuda and bool(hp.packing)),
             compiled_layers(trainer.model, cuda and bool(hp.compile_layers)),
