@@ -198,11 +198,6 @@ SFT_CANDIDATES: dict[str, dict[str, Any]] = {
     "d0-compile-offload-min1m": dict(
         use_liger_kernel=False, _compile_layers=True, _offload_min_bytes=1 << 20
     ),
-    # round 6: where the no-offload peak is (live blocks at the peak, by allocating frame)
-    "d0-compile-no-offload-mempeak": dict(
-        use_liger_kernel=False, activation_offloading=False, _compile_layers=True, _mem_peak=True
-    ),
-    "compiled-mempeak": dict(compile_layers=True, _mem_peak=True),
     # round 6: TRL's offloading empties the CUDA allocator's cache every micro-batch when bitsandbytes is
     # imported; cft keeps it (workers.trainer.trl_factory.keep_allocator_cache). `_empty_cache` = TRL's way.
     "compiled-emptycache": dict(compile_layers=True, _empty_cache=True),
@@ -466,41 +461,6 @@ class Profile(TrainerCallback):
         self.prof = None
 
 
-def mem_peak_report(out: str, name: str) -> None:
-    """What was allocated at the run's peak (`_mem_peak` knob): replays torch's CUDA allocator history
-    (recorded from before the model load) and prints the live blocks at the highest point, grouped by
-    the innermost frame outside torch's own modules, largest first."""
-    snap = torch.cuda.memory._snapshot()
-    torch.cuda.memory._record_memory_history(enabled=None)
-    live: dict[int, tuple[int, str]] = {}
-    total = peak = 0
-    at_peak: dict[int, tuple[int, str]] = {}
-    for ev in snap["device_traces"][0]:
-        if ev["action"] == "alloc":
-            frames = ev.get("frames") or []
-            outside = [f for f in frames if "/torch/" not in f["filename"]]
-            f = (outside or frames or [{"filename": "?", "line": 0, "name": "?"}])[0]
-            live[ev["addr"]] = (ev["size"], f"{Path(f['filename']).name}:{f['line']} {f['name']}")
-            total += ev["size"]
-            if total > peak:
-                peak, at_peak = total, dict(live)
-        elif ev["action"] == "free_completed" and ev["addr"] in live:
-            total -= live.pop(ev["addr"])[0]
-    groups: dict[str, list[int]] = {}
-    for size, where in at_peak.values():
-        g = groups.setdefault(where, [0, 0])
-        g[0] += size
-        g[1] += 1
-    rows = sorted(groups.items(), key=lambda kv: -kv[1][0])
-    lines = [
-        f"peak of the replayed trace {peak / 2**30:.3f} GiB (max_memory_allocated {_max_mem() / 2**30:.3f})"
-    ]
-    lines += [f"{v[0] / 2**20:9.1f} MiB {v[1]:6d} blocks  {k}" for k, v in rows[:25]]
-    Path(out).mkdir(parents=True, exist_ok=True)
-    Path(out, f"mem_peak_{name}.txt").write_text("\n".join(lines) + "\n")
-    print("MEMPEAK\n" + "\n".join(lines), flush=True)
-
-
 PRECOMPUTE_S = [0.0]
 
 
@@ -653,8 +613,6 @@ def run_cft(
     extra: list[Any] = [meter]
     if knobs.get("_profile"):
         extra.append(Profile(warmup, out_dir, name))
-    if knobs.get("_mem_peak"):
-        torch.cuda.memory._record_memory_history(max_entries=2_000_000, stacks="python")
     res = train_adapter(
         method,
         data,
@@ -667,11 +625,6 @@ def run_cft(
         callbacks=extra,
     )
     out = result(meter, steps, warmup, res.metrics["train_loss"], wall0)
-    if knobs.get("_mem_peak"):
-        try:
-            mem_peak_report(out_dir, name)
-        except Exception as exc:  # a diagnostic: the row's figures still count
-            print(f"MEMPEAK failed: {exc!r}", flush=True)
     out["resolved"] = {
         k: res.metrics.get(k)
         for k in (
