@@ -165,20 +165,18 @@ SFT_CANDIDATES: dict[str, dict[str, Any]] = {
     "d0-no-ckpt-offload": dict(gradient_checkpointing=False),
     "d0-no-liger": dict(use_liger_kernel=False),
     # the step is host-bound (GPU busy ~10 %): cuDNN's SDPA spent ~1.6 ms of CPU per call on packed
-    # rows of varying length; `_no_cudnn_sdp` lets SDPA pick another kernel, `_compile_layers`
-    # compiles each decoder layer (torch.compile, dynamic shapes)
+    # rows of varying length; `_no_cudnn_sdp` lets SDPA pick another kernel
     "d0-sdpa-no-cudnn": dict(_no_cudnn_sdp=True),
     # round 4 made SDPA without cuDNN the default (workers.trainer.trl_factory.training_attention):
     # this is the default with cuDNN's SDPA allowed again
     "d0-cudnn-sdp": dict(_cudnn_sdp=True),
     "d0-sdpa-no-cudnn-profile": dict(max_steps=4, _profile=True, _no_cudnn_sdp=True),
-    "d0-compile-layers": dict(_compile_layers=True),
-    "d0-sdpa-no-cudnn-compile": dict(_no_cudnn_sdp=True, _compile_layers=True),
-    # round 5: TRL 1.16 applies only Liger's layer kernels (RMSNorm, RoPE, SwiGLU; its own fused LM head
-    # stays), and Dynamo fails on Liger's RMSNorm: compiled layers fuse those themselves, so Liger is off
-    "d0-compile-no-liger": dict(use_liger_kernel=False, _compile_layers=True),
+    # round 5: compiled decoder layers (the `compile_layers` hyperparameter since then; round 4 compiled them
+    # from the bench with Liger on, which Dynamo failed on). TRL 1.16 applies only Liger's layer kernels
+    # (RMSNorm, RoPE, SwiGLU; its own fused LM head stays): compiled layers fuse those themselves, so Liger is off
+    "d0-compile-no-liger": dict(use_liger_kernel=False, compile_layers=True),
     "d0-compile-no-liger-no-offload": dict(
-        use_liger_kernel=False, activation_offloading=False, _compile_layers=True
+        use_liger_kernel=False, activation_offloading=False, compile_layers=True
     ),
     # call 1 of round 5: compiled layers without offloading ran 1.26x Unsloth but 0.021 GiB over its peak;
     # a narrower LM-head tile trims the largest transient, `_offload_min_bytes` offloads only tensors of at
@@ -186,17 +184,17 @@ SFT_CANDIDATES: dict[str, dict[str, Any]] = {
     "d0-compile-no-offload-tile4096": dict(
         use_liger_kernel=False,
         activation_offloading=False,
-        _compile_layers=True,
+        compile_layers=True,
         _lm_head_tile=4096,
     ),
     "d0-compile-no-offload-tile2048": dict(
         use_liger_kernel=False,
         activation_offloading=False,
-        _compile_layers=True,
+        compile_layers=True,
         _lm_head_tile=2048,
     ),
     "d0-compile-offload-min1m": dict(
-        use_liger_kernel=False, _compile_layers=True, _offload_min_bytes=1 << 20
+        use_liger_kernel=False, compile_layers=True, _offload_min_bytes=1 << 20
     ),
     # round 6: TRL's offloading empties the CUDA allocator's cache every micro-batch when bitsandbytes is
     # imported; cft keeps it (workers.trainer.trl_factory.keep_allocator_cache). `_empty_cache` = TRL's way.
@@ -206,7 +204,7 @@ SFT_CANDIDATES: dict[str, dict[str, Any]] = {
     # the product path since round 5: `compile_layers` (auto only for runs of >= 200 steps; forced here)
     "compiled": dict(compile_layers=True),
     "d0-compile-no-liger-profile": dict(
-        max_steps=4, _profile=True, use_liger_kernel=False, _compile_layers=True
+        max_steps=4, _profile=True, use_liger_kernel=False, compile_layers=True
     ),
 }
 DPO_CANDIDATES: dict[str, dict[str, Any]] = {
@@ -593,16 +591,6 @@ def run_cft(
             model, **{**kw, "min_offload_size": knobs["_offload_min_bytes"]}
         )
     bases = BaseCache()
-    if knobs.get("_compile_layers"):
-
-        class CompiledLayers(BaseCache):
-            def _load(self, name: str, models_dir: Path) -> Any:
-                loaded = super()._load(name, models_dir)
-                for layer in loaded.model.model.layers:
-                    layer.compile(dynamic=True)
-                return loaded
-
-        bases = CompiledLayers()
     hp = Hyperparameters(**{"max_steps": steps, "seed": 0, **params})
     steps = hp.max_steps
     work = Path(tempfile.mkdtemp(prefix=f"cft-{method}-"))
