@@ -10,6 +10,7 @@ import pytest
 
 from app.datasets import service as datasets
 from tests.support.factories import make_log, make_route, make_tenant
+from tests.support.training import tiny_llama
 
 TOKENIZER = Path("/work/shared/data/smollm2-135m-instruct-tokenizer")
 if not TOKENIZER.exists():
@@ -20,19 +21,10 @@ os.environ.setdefault("TRL_EXPERIMENTAL_SILENCE", "1")
 
 @pytest.fixture(scope="module")
 def tiny():
-    from transformers import AutoTokenizer, LlamaConfig, LlamaForCausalLM
+    from transformers import AutoTokenizer
 
     tok = AutoTokenizer.from_pretrained(str(TOKENIZER))
-    cfg = LlamaConfig(
-        vocab_size=len(tok),
-        hidden_size=16,
-        intermediate_size=32,
-        num_hidden_layers=1,
-        num_attention_heads=2,
-        num_key_value_heads=2,
-        max_position_embeddings=256,
-    )
-    return tok, lambda: LlamaForCausalLM(cfg)
+    return tok, lambda: tiny_llama(vocab_size=len(tok))
 
 
 def _traffic(conn):

@@ -113,3 +113,23 @@ def setup_route(
     route = make_route(conn, tenant_id=tenant["id"])
     snap = make_snapshot(conn, tenant_id=tenant["id"], route=route["name"], method=method)
     return tenant, route, snap
+
+
+def tiny_llama(
+    *, vocab_size: int = 97, hidden: int = 16, layers: int = 1, heads: int = 2, kv_heads: int = 2
+) -> Any:
+    """A random-init Llama small enough for CPU tests (seeded: the same weights each call)."""
+    import torch
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    torch.manual_seed(0)
+    config = LlamaConfig(
+        vocab_size=vocab_size,
+        hidden_size=hidden,
+        intermediate_size=2 * hidden,
+        num_hidden_layers=layers,
+        num_attention_heads=heads,
+        num_key_value_heads=kv_heads,
+        max_position_embeddings=256,
+    )
+    return LlamaForCausalLM(config)

@@ -9,6 +9,7 @@ from pathlib import Path
 import pytest
 
 from app.training.methods import Hyperparameters
+from tests.support.training import tiny_llama
 from workers.trainer.devices import DeviceGroup, DeviceSpecError, parse_devices
 from workers.trainer.launch import choose_strategy, failure_summary, launch_command
 from workers.trainer.supervisor import Supervisor, describe_exit
@@ -123,19 +124,7 @@ def test_training_attention_turns_cudnn_sdpa_off_for_packed_cuda_runs_only() -> 
 
 
 def _tiny_llama():  # type: ignore[no-untyped-def]
-    import torch
-    from transformers import LlamaConfig, LlamaForCausalLM
-
-    torch.manual_seed(0)
-    config = LlamaConfig(
-        hidden_size=64,
-        intermediate_size=128,
-        num_hidden_layers=2,
-        num_attention_heads=4,
-        num_key_value_heads=4,
-        vocab_size=97,
-    )
-    model = LlamaForCausalLM(config)
+    model = tiny_llama(hidden=64, layers=2, heads=4, kv_heads=4)
     model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
     model.train()
     return model

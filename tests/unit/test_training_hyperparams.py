@@ -9,6 +9,7 @@ import pytest
 from pydantic import ValidationError
 
 from app.training.methods import Hyperparameters
+from tests.support.training import tiny_llama
 from workers.trainer.base_cache import base_fingerprint, restore_dtypes
 from workers.trainer.data import TrainingDataError, check_rows
 from workers.trainer.plan import MIN_PACK_LENGTH, resolve_hyperparameters, speed_setup
@@ -200,13 +201,8 @@ def test_preference_defaults_per_device() -> None:
 
 def test_a_trainer_upcast_is_undone_bit_exactly() -> None:
     import torch
-    from transformers import LlamaConfig, LlamaForCausalLM
 
-    cfg = LlamaConfig(
-        vocab_size=64, hidden_size=16, intermediate_size=32, num_hidden_layers=1,
-        num_attention_heads=2, num_key_value_heads=1,
-    )  # fmt: skip
-    model = LlamaForCausalLM(cfg).to(torch.bfloat16)
+    model = tiny_llama(vocab_size=64, kv_heads=1).to(torch.bfloat16)
     dtypes = {n: p.dtype for n, p in model.named_parameters()}
     before = base_fingerprint(model)
     for p in model.parameters():  # what prepare_model_for_kbit_training does (ORPO, CPO)

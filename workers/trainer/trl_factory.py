@@ -65,7 +65,7 @@ def keep_allocator_cache(trainer: Any) -> None:
     state is what frees the leaked tensors; the cache it empties holds only free blocks, which
     the next micro-batch reuses (allocated memory, the peak VRAM cft reports, does not change).
     """
-    ctx = getattr(trainer, "maybe_activation_offload_context", None)
+    ctx: Any = getattr(trainer, "maybe_activation_offload_context", None)
     module = getattr(ctx, "device_module", None)
     if module is not None and not isinstance(module, _KeepAllocatorCache):
         ctx.device_module = _KeepAllocatorCache(module)
