@@ -15,7 +15,8 @@ A batch is atomic: either every record is inserted or reported as already existi
 request fails and nothing is written. Records are idempotent by (tenant, request_id).
 
 `log_records(conn=..., tenant_id=..., records=...)` is the entry point for other code; the
-caller owns the transaction. `log_batch` is the router's log writer's: a transaction of its own
+caller owns the transaction. POST /v1/logs stages plain records from one JSON literal (`stage`,
+`insert_staged`: the same checks, half the Python per record) and the others through `prepare`. `log_batch` is the router's log writer's: a transaction of its own
 in one round trip instead of ~11 (at low rates every proxied call is a batch of one, and each
 round trip costs the router CPU: BENCHMARKS.md, "Router against LiteLLM (issue 26)"). It stages
 the router's records from one JSON literal (`_staged_json`: the checks the validator would
@@ -27,7 +28,8 @@ way, which stores the same row or raises the same InvalidRecord.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 import orjson
@@ -103,27 +105,80 @@ _LINK_STAGED = (
 
 def insert_prepared(conn: Connection, *, tenant_id: int, prepared: Prepared) -> list[str]:
     """Write prepared records; return the status of each: 'inserted' or 'existing'."""
-    inserted: set[str] = set()
+    inserted = _retried(conn, lambda: _copy_and_move(conn, tenant_id, prepared))
+    return _statuses(prepared.request_ids, inserted)
+
+
+@dataclass
+class Staged:
+    """Records the JSON path took: their request_ids in order and the SELECT that stages them."""
+
+    request_ids: list[str]
+    select: str
+
+
+def stage(records: Sequence[Any], *, settings: Settings | None = None) -> Staged | None:
+    """The records staged from one JSON literal (`_staged_json`), or None when any of them is
+    not one that path encodes exactly as `prepare` does: then `prepare` (which stores the same
+    rows, or raises the InvalidRecord naming the record and field) is the way. About half the
+    Python per record of prepare and its COPY lines."""
+    settings = settings or get_settings()
+    select = _staged_json(records, user_secret(settings), {})
+    if select is None:
+        return None
+    return Staged([rec["request_id"] for rec in records], select)
+
+
+def insert_staged(conn: Connection, *, tenant_id: int, staged: Staged) -> list[str]:
+    """Write staged records (as insert_prepared does); the status of each."""
+    inserted = _retried(conn, lambda: _stage_and_move(conn, tenant_id, staged.select))
+    return _statuses(staged.request_ids, inserted)
+
+
+def _retried(conn: Connection, write: Callable[[], set[str]]) -> set[str]:
+    """Run write in a savepoint; once more if a concurrent request logged one of its ids."""
     for attempt in (1, 2):
         try:
             with conn.transaction():
-                inserted = _copy_and_move(conn, tenant_id, prepared)
-            break
+                return write()
         except pg_errors.UniqueViolation as exc:
-            # A concurrent request logged one of these request_ids after our NOT EXISTS
-            # check; on retry the check sees its row.
+            # A concurrent request logged one of these request_ids after our key probe; on
+            # retry the probe sees its row.
             if attempt == 2:
                 raise Conflict(
                     "concurrent requests are logging the same request_ids: retry the batch"
                 ) from exc
-    result = [
-        "inserted" if rid in inserted and i not in prepared.duplicates else "existing"
-        for i, rid in enumerate(prepared.request_ids)
-    ]
+    raise AssertionError("unreachable")
+
+
+def _statuses(request_ids: Sequence[str], inserted: set[str]) -> list[str]:
+    """'inserted' for the first record of each id written now, 'existing' for the others."""
+    seen: set[str] = set()
+    result = []
+    for rid in request_ids:
+        result.append("inserted" if rid in inserted and rid not in seen else "existing")
+        seen.add(rid)
     n = len(inserted)
     LOG_ROWS.labels("inserted").inc(n)
     LOG_ROWS.labels("existing").inc(len(result) - n)
     return result
+
+
+def _stage_and_move(conn: Connection, tenant_id: int, select: str) -> set[str]:
+    tenant = {"tenant_id": int(tenant_id)}
+    with conn.cursor() as cur:
+        # No parameters: psycopg sends the text as is (a % in a value is not a placeholder).
+        cur.execute(
+            f"{_CREATE_STAGING}; DELETE FROM log_staging;"
+            f" INSERT INTO log_staging ({STAGING_COLUMNS}) {select}"
+        )
+        rows = cur.execute(_MOVE_NEW % tenant + " RETURNING request_id::text").fetchall()
+        inserted = {row[0] if isinstance(row, tuple) else row["request_id"] for row in rows}
+        if inserted:
+            cur.execute(
+                "SELECT obs.link_regenerations(%s, %s::uuid[])", (tenant_id, list(inserted))
+            )
+    return inserted
 
 
 def _copy_and_move(conn: Connection, tenant_id: int, prepared: Prepared) -> set[str]:

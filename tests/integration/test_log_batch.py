@@ -292,3 +292,40 @@ def test_a_record_that_can_never_be_stored_is_dropped_alone_and_counted(db_url, 
         (ids,),
     ).fetchall()
     assert sorted(row["id"] for row in rows) == sorted(g["request_id"] for g in good)
+
+
+def test_post_logs_staged_path_writes_what_the_prepared_path_writes(db_url, conn):
+    """POST /v1/logs's JSON staging (`stage` + `insert_staged`) and its COPY path (`prepare` +
+    `insert_prepared`) store the same rows and report the same statuses: a new record, the
+    same id again within the batch, and one logged before."""
+    t = make_tenant(conn)
+    r = make_route(conn, tenant_id=t["id"])
+    settings = get_settings()
+    plain = {k: v for k, v in record(r["name"]).items() if k != "created_at"}
+    before = {k: v for k, v in record(r["name"]).items() if k != "created_at"}
+
+    def write(path: str, records: list[dict[str, Any]]) -> list[str]:
+        with psycopg.connect(db_url, row_factory=dict_row) as c, c.transaction():
+            as_tenant(c, t["id"])
+            if path == "staged":
+                staged = logs.stage(records, settings=settings)
+                assert staged is not None
+                return logs.insert_staged(c, tenant_id=t["id"], staged=staged)
+            assert logs.stage(records, settings=settings) is not None  # it could have been
+            prepared = logs.prepare(records, settings=settings)
+            return logs.insert_prepared(c, tenant_id=t["id"], prepared=prepared)
+
+    results = {}
+    for path in ("prepared", "staged"):
+        first = plain | {"request_id": str(uuid.uuid4())}
+        old = before | {"request_id": str(uuid.uuid4())}
+        assert write(path, [old]) == ["inserted"]
+        statuses = write(path, [first, first, old])
+        row = stored(conn, first["request_id"])
+        del row["created_at"]  # now() of each write
+        results[path] = (statuses, row)
+    assert results["staged"] == results["prepared"]
+    assert results["staged"][0] == ["inserted", "existing", "existing"]
+    # What the JSON path cannot encode as prepare does goes prepare's way.
+    assert logs.stage([plain | {"created_at": "2026-12-01T10:00:00Z"}], settings=settings) is None
+    assert logs.stage([plain | {"request_id": plain["request_id"].upper()}]) is None
