@@ -34,6 +34,30 @@ CREATE UNIQUE INDEX tenant_offboarding_open_idx ON auth.tenant_offboarding (tena
 CREATE INDEX tenant_offboarding_name_idx ON auth.tenant_offboarding (tenant_name, id);
 COMMENT ON TABLE auth.tenant_offboarding IS
   'One row per tenant offboarding: who, when, rows removed per table, artefacts deleted and pending.';
+COMMENT ON COLUMN auth.tenant_offboarding.id IS 'The offboarding''s number.';
+COMMENT ON COLUMN auth.tenant_offboarding.tenant_id IS
+  'The tenant''s id (no foreign key: the row outlives the tenant).';
+COMMENT ON COLUMN auth.tenant_offboarding.tenant_name IS
+  'The tenant''s name when it was offboarded.';
+COMMENT ON COLUMN auth.tenant_offboarding.requested_by IS
+  'Who asked: operator key <prefix> (REST), cli <user>, or the SQL session user.';
+COMMENT ON COLUMN auth.tenant_offboarding.status IS
+  'unloading (step 1 done, rows not deleted yet), artefacts (rows '
+  'deleted, artefacts pending) or done.';
+COMMENT ON COLUMN auth.tenant_offboarding.retired_adapters IS
+  'The canary and prod adapters step 1 retired.';
+COMMENT ON COLUMN auth.tenant_offboarding.forced IS
+  'Step 2 was forced: it ran whether or not an engine still had an adapter of the tenant loaded.';
+COMMENT ON COLUMN auth.tenant_offboarding.counts IS 'Rows deleted per table (schema.table: count).';
+COMMENT ON COLUMN auth.tenant_offboarding.artefacts_pending IS
+  'Artefact URIs (weights_uri) still to delete from the store.';
+COMMENT ON COLUMN auth.tenant_offboarding.artefacts_deleted IS
+  'Artefact URIs deleted and ticked off (auth.offboard_artefact_deleted).';
+COMMENT ON COLUMN auth.tenant_offboarding.started_at IS 'When step 1 first ran.';
+COMMENT ON COLUMN auth.tenant_offboarding.data_deleted_at IS
+  'When step 2 deleted the tenant''s rows and the tenant.';
+COMMENT ON COLUMN auth.tenant_offboarding.finished_at IS
+  'When no artefact was left pending (status done).';
 ALTER TABLE auth.tenant_offboarding ENABLE ROW LEVEL SECURITY;
 REVOKE ALL ON auth.tenant_offboarding FROM PUBLIC;
 

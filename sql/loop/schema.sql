@@ -16,6 +16,16 @@ INSERT INTO loop.control (id) VALUES (true);
 COMMENT ON TABLE loop.control IS
   'One row: paused = true stops every loop cycle from starting (cft loop stop-all); '
   'max_concurrent_training caps the queued + running training runs of all tenants.';
+COMMENT ON COLUMN loop.control.id IS 'Always true: the key of the one row.';
+COMMENT ON COLUMN loop.control.paused IS
+  'The kill switch: true stops every loop cycle from starting (cycles in flight finish).';
+COMMENT ON COLUMN loop.control.reason IS 'Why the loop was stopped (stopping needs one).';
+COMMENT ON COLUMN loop.control.changed_by IS
+  'Who changed the switch last: key <prefix> (API), cli, or the SQL session user.';
+COMMENT ON COLUMN loop.control.changed_at IS 'When the switch was changed last.';
+COMMENT ON COLUMN loop.control.max_concurrent_training IS
+  'Platform cap: training runs queued or running, plus loop cycles '
+  'about to queue one, of all tenants.';
 
 CREATE TABLE loop.policy (
   route                   text PRIMARY KEY,
@@ -76,6 +86,52 @@ COMMENT ON COLUMN loop.policy.canary_pct IS 'Share of users the canary gets (at 
 COMMENT ON COLUMN loop.policy.memory_tight IS 'Preference pairs train SimPO (no reference model) instead of DPO.';
 COMMENT ON COLUMN loop.policy.hyperparameters IS
   'Overrides of the chosen hyperparameters (app.training.methods.Hyperparameters keys).';
+COMMENT ON COLUMN loop.policy.route IS 'The route whose loop this is.';
+COMMENT ON COLUMN loop.policy.tenant_id IS 'The route''s tenant.';
+COMMENT ON COLUMN loop.policy.paused_reason IS 'Why the route is paused (loop.limits shows it).';
+COMMENT ON COLUMN loop.policy.decline_enabled IS
+  'Decline trigger on: a cycle when the prod''s thumbs-up rate falls significantly '
+  'below its rate after promotion.';
+COMMENT ON COLUMN loop.policy.decline_window IS
+  'Decline trigger: length of the two windows compared (the first '
+  'after promotion, and the latest).';
+COMMENT ON COLUMN loop.policy.decline_min_n IS 'Decline trigger: rated rows each window needs.';
+COMMENT ON COLUMN loop.policy.drift_enabled IS
+  'Drift trigger on: a cycle when recent prompts lie far from the prod''s training prompts.';
+COMMENT ON COLUMN loop.policy.drift_sample IS
+  'Drift trigger: the route''s latest embedded prompts compared.';
+COMMENT ON COLUMN loop.policy.drift_min_n IS
+  'Drift trigger: recent embedded prompts needed before it may fire.';
+COMMENT ON COLUMN loop.policy.max_cycles_per_day IS
+  'Limit: cycles started for the route in the last 24 h.';
+COMMENT ON COLUMN loop.policy.max_concurrent_training IS
+  'Limit: the tenant''s training runs queued or running, plus its cycles about to queue one.';
+COMMENT ON COLUMN loop.policy.cooldown_after_reject IS
+  'Limit: no new cycle this long after a rejected or rolled-back one (a forget cycle is not held).';
+COMMENT ON COLUMN loop.policy.canary_max_users IS
+  'Canary budget: distinct users of the canary; when reached undecided, one final look decides.';
+COMMENT ON COLUMN loop.policy.canary_max_duration IS
+  'Canary budget: time since the canary opened; when reached undecided, one final look decides.';
+COMMENT ON COLUMN loop.policy.decision_metric IS
+  'The metric the canary is judged on (the always-valid test of serve.canary_decision).';
+COMMENT ON COLUMN loop.policy.decision_alpha IS
+  'Error bound of the canary decision, and of the watch against the previous prod.';
+COMMENT ON COLUMN loop.policy.decision_min_n IS
+  'Sample floor: no canary decision before both arms have this many (in the metric''s unit).';
+COMMENT ON COLUMN loop.policy.watch_window IS
+  'How long a new prod is watched after its promotion (0: no watch).';
+COMMENT ON COLUMN loop.policy.watch_alpha IS
+  'Level of the watch''s test when there is no previous prod '
+  '(loop.watch_verdict, against the base''s traffic).';
+COMMENT ON COLUMN loop.policy.watch_min_n IS
+  'Rows each side of that test needs (rated rows for the thumbs-down rate).';
+COMMENT ON COLUMN loop.policy.eval_timeout IS
+  'How long a cycle waits for the evaluator''s results before it fails.';
+COMMENT ON COLUMN loop.policy.created_at IS
+  'When the row was written first; the schedule trigger counts from it before any cycle.';
+COMMENT ON COLUMN loop.policy.updated_at IS 'Last change of the row (kept by trigger).';
+COMMENT ON COLUMN loop.policy.updated_by IS
+  'Who wrote it last through the API (key <prefix>) or the CLI (cli).';
 
 -- The canary share may not exceed the route's ceiling (serve.route.max_canary_pct).
 CREATE OR REPLACE FUNCTION loop.policy_check() RETURNS trigger

@@ -22,6 +22,12 @@ COMMENT ON COLUMN obs.experiment.experiment IS 'Experiment name as logged (serve
 COMMENT ON COLUMN obs.experiment.n IS 'Logged inferences that carry the experiment and a variant.';
 COMMENT ON COLUMN obs.experiment.variants IS 'Variant letters seen: A = prod, B.. = canaries.';
 COMMENT ON COLUMN obs.experiment.running IS 'A canary currently serves on the experiment''s route.';
+COMMENT ON COLUMN obs.experiment.tenant_id IS 'The tenant whose traffic it is.';
+COMMENT ON COLUMN obs.experiment.route IS
+  'The route logged (the first by name if several carry the experiment).';
+COMMENT ON COLUMN obs.experiment.adapters IS 'Adapters that served its arms.';
+COMMENT ON COLUMN obs.experiment.first_at IS 'When its first row was logged.';
+COMMENT ON COLUMN obs.experiment.last_at IS 'When its last row was logged.';
 
 CREATE OR REPLACE VIEW obs.experiment_arm_7d WITH (security_invoker = true) AS
   SELECT a.*

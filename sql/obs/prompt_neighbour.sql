@@ -51,6 +51,22 @@ CREATE INDEX prompt_neighbour_scan_route_idx
   ON obs.prompt_neighbour_scan (tenant_id, route, created_at);
 COMMENT ON TABLE obs.prompt_neighbour_scan IS
   'Per embedded log row: a dataset candidate or not; neighbours searched (radius, k) or pending.';
+COMMENT ON COLUMN obs.prompt_neighbour_scan.log_id IS 'id of the embedded obs.inference_log row.';
+COMMENT ON COLUMN obs.prompt_neighbour_scan.created_at IS
+  'created_at of that row (with log_id, its primary key).';
+COMMENT ON COLUMN obs.prompt_neighbour_scan.tenant_id IS 'The log row''s tenant.';
+COMMENT ON COLUMN obs.prompt_neighbour_scan.route IS
+  'The log row''s route: neighbours are searched within it.';
+COMMENT ON COLUMN obs.prompt_neighbour_scan.radius IS
+  'The cosine distance the search used; NULL: not searched (a candidate then waits in the queue).';
+COMMENT ON COLUMN obs.prompt_neighbour_scan.max_neighbours IS
+  'k of that search: at most this many neighbours were kept.';
+COMMENT ON COLUMN obs.prompt_neighbour_scan.prompt_hash IS
+  'train.prompt_hash(messages), set with radius, so a snapshot need not compute it.';
+COMMENT ON COLUMN obs.prompt_neighbour_scan.scanned_at IS 'When it was searched.';
+COMMENT ON COLUMN obs.prompt_neighbour_scan.candidate IS
+  'The row has a signal a dataset uses (obs.is_dataset_prompt): only '
+  'candidates are searched and indexed.';
 
 -- The search reads this instead of obs.inference_log: the log is partitioned by week with an
 -- HNSW index per partition, so a kNN over the log is one HNSW search per partition (3 at
@@ -75,6 +91,14 @@ CREATE INDEX prompt_embedding_embedding_idx
   ON obs.prompt_embedding USING hnsw (embedding halfvec_cosine_ops);
 COMMENT ON TABLE obs.prompt_embedding IS
   'Per embedded candidate log row: its prompt embedding, for the near-duplicate search (HNSW).';
+COMMENT ON COLUMN obs.prompt_embedding.log_id IS 'id of the candidate obs.inference_log row.';
+COMMENT ON COLUMN obs.prompt_embedding.created_at IS
+  'created_at of that row (with log_id, its primary key).';
+COMMENT ON COLUMN obs.prompt_embedding.tenant_id IS
+  'The log row''s tenant: the search stays within it.';
+COMMENT ON COLUMN obs.prompt_embedding.route IS 'The log row''s route: the search stays within it.';
+COMMENT ON COLUMN obs.prompt_embedding.embedding IS
+  'The prompt''s embedding, copied from obs.inference_log.embedding.';
 
 CREATE TABLE obs.prompt_neighbour (
   tenant_id    int NOT NULL,
@@ -91,6 +115,14 @@ CREATE INDEX prompt_neighbour_route_idx
   ON obs.prompt_neighbour (tenant_id, route, b_created_at);
 COMMENT ON TABLE obs.prompt_neighbour IS
   'Near-duplicate prompts (same tenant and route, within the search radius), each pair once.';
+COMMENT ON COLUMN obs.prompt_neighbour.tenant_id IS 'The tenant of both rows.';
+COMMENT ON COLUMN obs.prompt_neighbour.route IS 'The route of both rows.';
+COMMENT ON COLUMN obs.prompt_neighbour.a_id IS
+  'id of the older log row: (a_created_at, a_id) < (b_created_at, b_id).';
+COMMENT ON COLUMN obs.prompt_neighbour.a_created_at IS 'created_at of the older row.';
+COMMENT ON COLUMN obs.prompt_neighbour.b_id IS 'id of the newer log row.';
+COMMENT ON COLUMN obs.prompt_neighbour.b_created_at IS 'created_at of the newer row.';
+COMMENT ON COLUMN obs.prompt_neighbour.distance IS 'Cosine distance of the two prompt embeddings.';
 
 -- A row that gets an embedding (the embedder's UPDATE, or a client that logs one) gets its scan
 -- row; when it is a candidate it is queued and its embedding copied for the search. A changed

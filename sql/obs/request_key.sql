@@ -11,6 +11,12 @@ CREATE TABLE obs.request_key (
 CREATE INDEX request_key_created_idx ON obs.request_key (created_at);
 COMMENT ON TABLE obs.request_key IS
   'One row per logged (tenant, request_id): the global uniqueness arbiter and lookup index.';
+COMMENT ON COLUMN obs.request_key.tenant_id IS 'The tenant that logged the request.';
+COMMENT ON COLUMN obs.request_key.request_id IS
+  'The request''s id (obs.inference_log.request_id): unique per tenant across every partition.';
+COMMENT ON COLUMN obs.request_key.log_id IS 'id of the log row it names.';
+COMMENT ON COLUMN obs.request_key.created_at IS
+  'created_at of that log row: with log_id, the row''s primary key (and so its partition).';
 
 -- Keeps obs.request_key in step with obs.inference_log: a second row with the same
 -- (tenant_id, request_id) is refused with unique_violation, whatever its created_at.

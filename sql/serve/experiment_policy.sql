@@ -26,6 +26,11 @@ CREATE TABLE serve.experiment_policy (
 );
 COMMENT ON TABLE serve.experiment_policy IS
   'Automatic promotion/rollback of a route''s canaries from live traffic (serve.experiment_autopolicy).';
+COMMENT ON COLUMN serve.experiment_policy.route IS 'The route whose canaries the policy decides.';
+COMMENT ON COLUMN serve.experiment_policy.tenant_id IS 'The route''s tenant.';
+COMMENT ON COLUMN serve.experiment_policy.created_at IS 'When the policy was written.';
+COMMENT ON COLUMN serve.experiment_policy.updated_at IS
+  'Last change, as the writer sets it (now() at insert; no trigger keeps it).';
 COMMENT ON COLUMN serve.experiment_policy.enabled IS 'Off by default: nothing happens until it is true.';
 COMMENT ON COLUMN serve.experiment_policy.metric IS
   'The primary metric: its always-valid test (obs.sequential_compare) decides promote or retire.';
@@ -87,6 +92,23 @@ CREATE INDEX experiment_decision_canary_idx ON serve.experiment_decision (canary
 COMMENT ON TABLE serve.experiment_decision IS
   'Every automatic decision of the experiment policy with its numbers. A hold or blocked decision '
   'is recorded when it differs (action, code) from the canary''s previous one.';
+COMMENT ON COLUMN serve.experiment_decision.id IS 'Decision number, in order.';
+COMMENT ON COLUMN serve.experiment_decision.route IS 'The route decided on.';
+COMMENT ON COLUMN serve.experiment_decision.tenant_id IS 'The route''s tenant.';
+COMMENT ON COLUMN serve.experiment_decision.experiment IS
+  'Experiment name of the traffic read (serve.route.experiment, or the route name).';
+COMMENT ON COLUMN serve.experiment_decision.canary_id IS
+  'The canary decided on; for a watch decision (code watch_* or rollback_refused), the new prod.';
+COMMENT ON COLUMN serve.experiment_decision.control_id IS
+  'What it was compared with: the control arm (the prod, or the base model of a route without '
+  'one), or for a watch the prod it replaced; NULL: none.';
+COMMENT ON COLUMN serve.experiment_decision.metric IS
+  'The policy''s primary metric when it decided.';
+COMMENT ON COLUMN serve.experiment_decision.reason IS
+  'The decision in words, with the numbers behind it.';
+COMMENT ON COLUMN serve.experiment_decision.decided_by IS
+  'The SQL role that recorded it (the one running serve.experiment_autopolicy).';
+COMMENT ON COLUMN serve.experiment_decision.decided_at IS 'When (the clock time).';
 COMMENT ON COLUMN serve.experiment_decision.action IS
   'promote (became prod through the gate), rollback (canary retired), hold (not yet), blocked (the gate refused).';
 COMMENT ON COLUMN serve.experiment_decision.code IS

@@ -9,5 +9,16 @@ CREATE TABLE serve.route (
               CHECK (max_canary_pct BETWEEN 0 AND 100),  -- ceiling of all canaries' share
   UNIQUE (name, tenant_id)
 );
+COMMENT ON COLUMN serve.route.name IS
+  'The route''s name, unique across tenants: what a call names (model or '
+  'X-Cft-Route), e.g. support-es.';
+COMMENT ON COLUMN serve.route.tenant_id IS 'The tenant that owns the route.';
+COMMENT ON COLUMN serve.route.base_model IS
+  'The base model the route serves: it answers when no adapter is prod or one '
+  'cannot serve; the loop trains on it.';
+COMMENT ON COLUMN serve.route.experiment IS
+  'Salt of the sticky canary split (a user''s bucket: md5(experiment:user)) and the experiment '
+  'name logged; NULL: the route name. A new value reshuffles users.';
+COMMENT ON COLUMN serve.route.created_at IS 'When the route was created.';
 COMMENT ON COLUMN serve.route.max_canary_pct IS
   'Most users all canaries of the route may get together (default 50 %); above it needs the override.';

@@ -13,6 +13,18 @@ CREATE TABLE train.eval_suite (
   FOREIGN KEY (route, tenant_id) REFERENCES serve.route (name, tenant_id) ON DELETE CASCADE
 );
 CREATE INDEX eval_suite_route_idx ON train.eval_suite (tenant_id, route);
+COMMENT ON COLUMN train.eval_suite.id IS
+  'The suite''s id (eval_result.suite_id); no '':'', so it never '
+  'collides with heldout:<snapshot id>.';
+COMMENT ON COLUMN train.eval_suite.tenant_id IS 'The tenant that owns it.';
+COMMENT ON COLUMN train.eval_suite.route IS 'The route it scores; NULL: every route of the tenant.';
+COMMENT ON COLUMN train.eval_suite.name IS 'A name for people (default: the id).';
+COMMENT ON COLUMN train.eval_suite.kind IS
+  'task: each answer is checked, the score is the pass rate; judge: a judge model scores '
+  'each answer 0-10 by the rubric.';
+COMMENT ON COLUMN train.eval_suite.rubric IS
+  'Kind judge: what the judge scores (0-10); NULL: the configured default (CFT_EVAL_JUDGE_RUBRIC).';
+COMMENT ON COLUMN train.eval_suite.created_at IS 'When the suite was created.';
 
 CREATE TABLE train.eval_case (
   id          bigint GENERATED ALWAYS AS IDENTITY PRIMARY KEY,
@@ -23,6 +35,18 @@ CREATE TABLE train.eval_case (
   max_tokens  int NOT NULL DEFAULT 32 CHECK (max_tokens BETWEEN 1 AND 4096)
 );
 CREATE INDEX eval_case_suite_idx ON train.eval_case (suite_id, id);
+COMMENT ON COLUMN train.eval_case.id IS 'The case''s number (cases run in this order).';
+COMMENT ON COLUMN train.eval_case.suite_id IS 'The suite it belongs to.';
+COMMENT ON COLUMN train.eval_case.messages IS
+  'The conversation the adapter answers (OpenAI chat messages).';
+COMMENT ON COLUMN train.eval_case.check_kind IS
+  'How a task suite checks the answer: exact, contains, regex, json_schema or max_length '
+  '(a judge suite does not check).';
+COMMENT ON COLUMN train.eval_case.expected IS
+  'What the check compares with: the text, a string or list of strings (all contained, any case), '
+  'a pattern, a JSON Schema, or a length in characters.';
+COMMENT ON COLUMN train.eval_case.max_tokens IS
+  'Most tokens the answer may have (1-4096, default 32).';
 
 -- One evaluation of one adapter: asked for over REST, or queued by the worker for a new candidate.
 CREATE TABLE train.eval_request (
@@ -42,6 +66,21 @@ CREATE TABLE train.eval_request (
 -- At most one open request per adapter: a second ask while one is open is the same request.
 CREATE UNIQUE INDEX eval_request_open_idx ON train.eval_request (adapter_id)
   WHERE status IN ('queued', 'running');
+COMMENT ON COLUMN train.eval_request.id IS 'The request''s number (claimed in this order).';
+COMMENT ON COLUMN train.eval_request.tenant_id IS 'The adapter''s tenant.';
+COMMENT ON COLUMN train.eval_request.adapter_id IS 'The adapter to evaluate.';
+COMMENT ON COLUMN train.eval_request.status IS
+  'queued, running (an evaluator holds its lease), done or failed.';
+COMMENT ON COLUMN train.eval_request.requested_by IS
+  'Who asked: key:<prefix> (API), or "evaluator: new candidate" for a candidate never evaluated.';
+COMMENT ON COLUMN train.eval_request.worker_id IS 'The evaluator worker that claimed it last.';
+COMMENT ON COLUMN train.eval_request.lease_until IS
+  'End of that worker''s lease; past it the request is claimed again (failed after 3 attempts).';
+COMMENT ON COLUMN train.eval_request.attempts IS 'Claims so far.';
+COMMENT ON COLUMN train.eval_request.error IS 'Why the last attempt failed; NULL once done.';
+COMMENT ON COLUMN train.eval_request.created_at IS 'When it was asked for.';
+COMMENT ON COLUMN train.eval_request.started_at IS 'When it was first claimed.';
+COMMENT ON COLUMN train.eval_request.finished_at IS 'When it ended, done or failed.';
 
 ALTER TABLE train.eval_suite ENABLE ROW LEVEL SECURITY;
 CREATE POLICY tenant_isolation ON train.eval_suite TO cft_app

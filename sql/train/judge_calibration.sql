@@ -34,6 +34,31 @@ CREATE TABLE train.judge_calibration (
 );
 CREATE INDEX judge_calibration_judge_idx
   ON train.judge_calibration (suite_id, judge_model, rubric_version, calibrated_at DESC);
+COMMENT ON COLUMN train.judge_calibration.id IS 'The calibration''s number.';
+COMMENT ON COLUMN train.judge_calibration.suite_id IS
+  'The judge suite whose calibration set was judged.';
+COMMENT ON COLUMN train.judge_calibration.judge_model IS 'The judge model.';
+COMMENT ON COLUMN train.judge_calibration.rubric_version IS
+  'Version of the rubric it judged by (12 hex of its sha256): an edited rubric '
+  'needs a calibration of its own.';
+COMMENT ON COLUMN train.judge_calibration.threshold IS
+  'A judge score at or above it reads as acceptable (default 5, of 0-10).';
+COMMENT ON COLUMN train.judge_calibration.n IS 'Calibration cases judged.';
+COMMENT ON COLUMN train.judge_calibration.accuracy IS
+  'Share of cases where the judge agrees with people.';
+COMMENT ON COLUMN train.judge_calibration.kappa IS
+  'Cohen''s kappa of the judge against people; NULL when chance agreement is 1. The gate '
+  'compares it with min_judge_kappa.';
+COMMENT ON COLUMN train.judge_calibration.bias IS 'Judge positive rate minus human positive rate.';
+COMMENT ON COLUMN train.judge_calibration.judge_positive_rate IS
+  'Share of cases the judge read as acceptable.';
+COMMENT ON COLUMN train.judge_calibration.human_positive_rate IS
+  'Share of cases people labelled acceptable.';
+COMMENT ON COLUMN train.judge_calibration.author_role IS
+  'Who ran it, as trusted_authors names authors (train.current_author).';
+COMMENT ON COLUMN train.judge_calibration.author IS
+  'Who ran it, for people (train.current_author).';
+COMMENT ON COLUMN train.judge_calibration.calibrated_at IS 'When it ran.';
 
 -- The judge's verdict on each case of a calibration (the human label as it was then).
 CREATE TABLE train.judge_verdict (
@@ -45,6 +70,17 @@ CREATE TABLE train.judge_verdict (
   human_label    boolean NOT NULL,
   PRIMARY KEY (calibration_id, case_id)
 );
+COMMENT ON COLUMN train.judge_verdict.calibration_id IS
+  'The calibration run (train.judge_calibration.id).';
+COMMENT ON COLUMN train.judge_verdict.case_id IS
+  'The calibration case judged (train.eval_calibration_case.id).';
+COMMENT ON COLUMN train.judge_verdict.judge_score IS
+  'The judge''s score, 0-10; NULL: its reply held no score (read as not acceptable).';
+COMMENT ON COLUMN train.judge_verdict.judge_reply IS 'The judge''s reply as it came.';
+COMMENT ON COLUMN train.judge_verdict.judge_label IS
+  'The judge''s verdict (true: acceptable): judge_score at or above the calibration''s threshold.';
+COMMENT ON COLUMN train.judge_verdict.human_label IS
+  'People''s label of the case when it was judged (true: acceptable).';
 
 CREATE OR REPLACE FUNCTION train.calibration_case_author() RETURNS trigger
 LANGUAGE plpgsql SET search_path = pg_catalog, public AS $$

@@ -148,6 +148,20 @@ SELECT q.id, q.tenant_id, q.route, q.method, q.priority, q.gpus, q.min_gpu_memor
 
 COMMENT ON TABLE train.training_worker IS
   'Trainer workers as last seen by a claim: capacity (devices, memory of the smallest GPU, kind) and liveness.';
+COMMENT ON COLUMN train.training_worker.worker_id IS
+  'The worker''s id, as it claims runs (training_run.worker_id).';
+COMMENT ON COLUMN train.training_worker.host IS 'Host the worker runs on.';
+COMMENT ON COLUMN train.training_worker.devices IS
+  'Its devices: CUDA indices (0,1) or cpu slots (cpu+cpu).';
+COMMENT ON COLUMN train.training_worker.gpus IS
+  'How many devices it holds: it claims runs that need at most this many.';
+COMMENT ON COLUMN train.training_worker.gpu_memory_gb IS
+  'Memory of its smallest GPU in GiB (as torch reports it, or --gpu-memory-gb); NULL: no GPU.';
+COMMENT ON COLUMN train.training_worker.device_kind IS 'cuda or cpu; NULL: unknown.';
+COMMENT ON COLUMN train.training_worker.seen_at IS 'When it last asked for a run.';
+COMMENT ON COLUMN train.training_worker.alive_until IS
+  'Live until then (its last ask plus one lease); a worker holding a run '
+  'with a live lease is live too.';
 COMMENT ON FUNCTION train.claim_training_run(text, interval, int, real, text, text, text) IS
   'Claim one runnable run that a worker of this capacity can serve (FOR UPDATE SKIP LOCKED), or none.';
 COMMENT ON VIEW train.training_run_wait IS

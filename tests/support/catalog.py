@@ -7,7 +7,7 @@ from typing import Any
 import psycopg
 
 # The schemas cft owns (public holds tenant and alembic_version).
-SCHEMAS = ("public", "obs", "serve", "train", "auth", "stats")
+SCHEMAS = ("public", "obs", "serve", "train", "auth", "stats", "loop")
 
 # Each query returns rows of text; a catalog is the set of rows per kind. Partitions of
 # obs.inference_log are data (maintenance creates them by date), so they are left out.
@@ -61,6 +61,14 @@ QUERIES: dict[str, str] = {
           FROM pg_class c
          WHERE c.relnamespace::regnamespace::text = ANY (%(schemas)s)
            AND c.relkind IN ('r', 'p', 'v', 'm', 'S')
+           AND c.relname !~ '^inference_log_[0-9]{4}w[0-9]{2}$'""",
+    "column_comments": """
+        SELECT c.oid::regclass::text, a.attname, d.description
+          FROM pg_description d
+          JOIN pg_class c ON c.oid = d.objoid
+          JOIN pg_attribute a ON a.attrelid = d.objoid AND a.attnum = d.objsubid
+         WHERE d.classoid = 'pg_class'::regclass AND d.objsubid > 0
+           AND c.relnamespace::regnamespace::text = ANY (%(schemas)s)
            AND c.relname !~ '^inference_log_[0-9]{4}w[0-9]{2}$'""",
     "column_grants": """
         SELECT table_schema || '.' || table_name, column_name, grantee, privilege_type
