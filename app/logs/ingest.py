@@ -15,9 +15,10 @@ A batch is atomic: either every record is inserted or reported as already existi
 request fails and nothing is written. Records are idempotent by (tenant, request_id).
 
 `log_records(conn=..., tenant_id=..., records=...)` is the entry point for other code; the
-caller owns the transaction. POST /v1/logs stages plain records from one JSON literal (`stage`,
-`insert_staged`: the same checks, half the Python per record) and the others through `prepare`. `log_batch` is the router's log writer's: a transaction of its own
-in one round trip instead of ~11 (at low rates every proxied call is a batch of one, and each
+caller owns the transaction. POST /v1/logs inserts plain records from one JSON literal (`stage`,
+`insert_staged`: the same checks, half the Python per record, no staging table) and the others
+through `prepare`. `log_batch` is the router's log writer's: a transaction of its own in one
+round trip instead of ~11 (at low rates every proxied call is a batch of one, and each
 round trip costs the router CPU: BENCHMARKS.md, "Router against LiteLLM (issue 26)"). It stages
 the router's records from one JSON literal (`_staged_json`: the checks the validator would
 make, then one orjson.dumps) rather than validating into COPY lines and quoting each field: the
@@ -164,15 +165,30 @@ def _statuses(request_ids: Sequence[str], inserted: set[str]) -> list[str]:
     return result
 
 
+# The JSON rows straight into the log, no staging table (COPY is what needs one: it cannot
+# write a table with row-level security): the rows are a MATERIALIZED CTE, read once for the
+# key probe and once for the INSERT. embedding and created_at are never set on this path (the
+# column defaults apply: NULL, now()).
+_INSERT_JSON_TAIL = """) INSERT INTO obs.inference_log (request_id, tenant_id, user_hash, route,
+  adapter_id, model, experiment, variant, messages, completion, ttft_ms, tokens_in, tokens_out,
+  parent_request_id, pii_flags, status)
+SELECT s.request_id, %(tenant_id)s, s.user_hash, s.route, s.adapter_id, s.model, s.experiment,
+       s.variant, s.messages, s.completion, s.ttft_ms, s.tokens_in, s.tokens_out,
+       s.parent_request_id, s.pii_flags, s.status
+  FROM s
+ WHERE s.request_id <> ALL (ARRAY(
+   SELECT k.request_id FROM obs.request_key k
+    WHERE k.tenant_id = %(tenant_id)s AND k.request_id = ANY (ARRAY(SELECT request_id FROM s))))
+ ORDER BY s.ord
+RETURNING request_id::text"""
+
+
 def _stage_and_move(conn: Connection, tenant_id: int, select: str) -> set[str]:
-    tenant = {"tenant_id": int(tenant_id)}
+    tail = _INSERT_JSON_TAIL % {"tenant_id": int(tenant_id)}
     with conn.cursor() as cur:
         # No parameters: psycopg sends the text as is (a % in a value is not a placeholder).
-        cur.execute(
-            f"{_CREATE_STAGING}; DELETE FROM log_staging;"
-            f" INSERT INTO log_staging ({STAGING_COLUMNS}) {select}"
-        )
-        rows = cur.execute(_MOVE_NEW % tenant + " RETURNING request_id::text").fetchall()
+        cur.execute(f"WITH s ({STAGING_COLUMNS}) AS MATERIALIZED ({select}{tail}")
+        rows = cur.fetchall()
         inserted = {row[0] if isinstance(row, tuple) else row["request_id"] for row in rows}
         if inserted:
             cur.execute(
