@@ -84,23 +84,36 @@ def create_operator_key(conn: Connection, *, name: str | None = None) -> str:
     return key
 
 
+# The live key of a hash, and its last use recorded in the same round trip: last_used_at moves
+# at most once a minute per key (a write per request would make every key lookup a row update),
+# so it says "used in this minute", which is what finding idle keys to revoke needs.
+_FIND_AND_TOUCH = """
+WITH k AS (
+  SELECT id, tenant_id, role, prefix, name, last_used_at FROM auth.api_key
+   WHERE key_hash = %s AND revoked_at IS NULL{only_tenant}
+), touched AS (
+  UPDATE auth.api_key a SET last_used_at = now()
+    FROM k
+   WHERE a.id = k.id AND (k.last_used_at IS NULL OR k.last_used_at < now() - interval '1 minute')
+)
+SELECT id, tenant_id, role, prefix, name FROM k
+"""
+_FIND = _FIND_AND_TOUCH.format(only_tenant="")
+_LOOKUP = _FIND_AND_TOUCH.format(only_tenant=" AND tenant_id IS NOT NULL")
+
+
 def _find(conn: Connection, key: str) -> dict[str, Any] | None:
-    row: dict[str, Any] | None = conn.execute(
-        "SELECT id, tenant_id, role, prefix, name FROM auth.api_key"
-        " WHERE key_hash = %s AND revoked_at IS NULL",
-        (hash_key(key),),
-    ).fetchone()
+    row: dict[str, Any] | None = conn.execute(_FIND, (hash_key(key),)).fetchone()
     return row
 
 
 def lookup(conn: Connection, key: str) -> ApiKey | None:
-    """The live tenant key matching key, or None (unknown, revoked or an operator key)."""
-    row = conn.execute(
-        "SELECT id, tenant_id, role, prefix FROM auth.api_key"
-        " WHERE key_hash = %s AND revoked_at IS NULL AND tenant_id IS NOT NULL",
-        (hash_key(key),),
-    ).fetchone()
-    return ApiKey(**row) if row else None
+    """The live tenant key matching key, or None (unknown, revoked or an operator key); notes
+    its use (auth.api_key.last_used_at, to the minute)."""
+    row = conn.execute(_LOOKUP, (hash_key(key),)).fetchone()
+    if row is None:
+        return None
+    return ApiKey(id=row["id"], tenant_id=row["tenant_id"], role=row["role"], prefix=row["prefix"])
 
 
 def _bearer(request: Request) -> str:

@@ -86,8 +86,14 @@ def _operator(args: argparse.Namespace) -> int:
         else:
             for k in service.list_operator_keys(conn):
                 state = f"revoked {k['revoked_at']:%Y-%m-%d}" if k["revoked_at"] else "live"
-                print(f"{k['id']:>5}  {k['prefix']}  {state:<18} {k['name'] or ''}")
+                print(f"{k['id']:>5}  {k['prefix']}  {state:<18} {_used(k)}  {k['name'] or ''}")
     return 0
+
+
+def _used(key: dict[str, Any]) -> str:
+    """When a listed key last authenticated a request (to the minute), or that it never did."""
+    used = key.get("last_used_at")
+    return f"used {used:%Y-%m-%d %H:%M}" if used else f"{'never used':<21}"
 
 
 def _key(args: argparse.Namespace) -> int:
@@ -108,7 +114,10 @@ def _key(args: argparse.Namespace) -> int:
         else:
             for k in service.list_keys(conn, tenant=args.tenant):
                 state = f"revoked {k['revoked_at']:%Y-%m-%d}" if k["revoked_at"] else "live"
-                print(f"{k['id']:>5}  {k['prefix']}  {k['role']:<8} {state:<18} {k['name'] or ''}")
+                print(
+                    f"{k['id']:>5}  {k['prefix']}  {k['role']:<8} {state:<18} {_used(k)}"
+                    f"  {k['name'] or ''}"
+                )
     return 0
 
 

@@ -58,6 +58,9 @@ class KeyOut(BaseModel):
     name: str | None = None
     created_at: datetime
     revoked_at: datetime | None = None
+    last_used_at: datetime | None = Field(
+        default=None, description="When it last authenticated a request, to the minute; null: never"
+    )
 
 
 class KeyCreated(KeyOut):

@@ -134,7 +134,7 @@ def create_operator_key(conn: Connection, *, name: str | None = None) -> tuple[d
 def list_operator_keys(conn: Connection) -> list[dict[str, Any]]:
     """Every operator key (prefixes only)."""
     return conn.execute(
-        "SELECT id, role, prefix, name, created_at, revoked_at FROM auth.api_key"
+        "SELECT id, role, prefix, name, created_at, revoked_at, last_used_at FROM auth.api_key"
         " WHERE tenant_id IS NULL ORDER BY id"
     ).fetchall()
 
@@ -143,7 +143,7 @@ def list_keys(conn: Connection, *, tenant: str) -> list[dict[str, Any]]:
     """A tenant's keys (never the key itself: only its prefix)."""
     t = get_tenant_or_raise(conn, tenant)
     return conn.execute(
-        "SELECT id, role, prefix, name, created_at, revoked_at FROM auth.api_key"
+        "SELECT id, role, prefix, name, created_at, revoked_at, last_used_at FROM auth.api_key"
         " WHERE tenant_id = %s ORDER BY id",
         (t["id"],),
     ).fetchall()

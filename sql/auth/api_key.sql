@@ -33,4 +33,5 @@ COMMENT ON COLUMN auth.api_key.revoked_at IS
   'When it was revoked (cft key revoke, tenant offboarding): since then it '
   'authenticates nothing. NULL: live.';
 COMMENT ON COLUMN auth.api_key.last_used_at IS
-  'Reserved for the key''s last use: nothing in cft sets it yet (NULL).';
+  'When the key last authenticated a request, to the minute (the key lookup sets it at most once '
+  'a minute; the router re-verifies cached keys every CFT_ROUTER_KEY_CACHE_TTL s). NULL: never used.';

@@ -104,9 +104,25 @@ def test_operator_api_tenants_consent_and_keys(conn: Any, db_url: str, tmp_path:
             "SELECT key_hash, tenant_id FROM auth.api_key WHERE prefix = %s", (made["prefix"],)
         ).fetchone()
         assert bytes(stored["key_hash"]) == hashlib.sha256(made["key"].encode()).digest()
+        listed = http.get("/v1/tenants/acme/keys", headers=_h(op_key)).json()["data"]
+        assert listed[0]["last_used_at"] is None  # never used yet
         assert http.get("/v1/routes", headers=_h(made["key"])).status_code == 200
         listed = http.get("/v1/tenants/acme/keys", headers=_h(op_key)).json()["data"]
         assert [k["prefix"] for k in listed] == [made["prefix"]] and "key" not in listed[0]
+        used = listed[0]["last_used_at"]
+        assert used is not None  # its use is recorded, to the minute: a second use moves nothing
+        assert http.get("/v1/routes", headers=_h(made["key"])).status_code == 200
+        again = http.get("/v1/tenants/acme/keys", headers=_h(op_key)).json()["data"]
+        assert again[0]["last_used_at"] == used
+        # A use a minute later moves it; the router's key check (auth.lookup) records it too.
+        conn.execute(
+            "UPDATE auth.api_key SET last_used_at = now() - interval '61 seconds'"
+            " WHERE prefix = %s",
+            (made["prefix"],),
+        )
+        assert auth.lookup(conn, made["key"]) is not None
+        again = http.get("/v1/tenants/acme/keys", headers=_h(op_key)).json()["data"]
+        assert again[0]["last_used_at"] > used
         assert http.get("/v1/tenants/acme", headers=_h(op_key)).json()["live_keys"] == 1
 
         # Revoke: only a key of that tenant; the key stops working.
