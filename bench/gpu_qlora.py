@@ -201,6 +201,10 @@ SFT_CANDIDATES: dict[str, dict[str, Any]] = {
     "compiled-emptycache": dict(compile_layers=True, _empty_cache=True),
     "default-emptycache": dict(_empty_cache=True),
     "compiled-30steps": dict(compile_layers=True, max_steps=30),
+    # next: TRL's offloading also syncs the host with both streams at the end of each micro-batch;
+    # `_exit_wait_stream` makes the streams wait for each other on the device instead (not run yet)
+    "compiled-exit-wait": dict(compile_layers=True, _exit_wait_stream=True),
+    "default-exit-wait": dict(_exit_wait_stream=True),
     # the product path since round 5: `compile_layers` (auto only for runs of >= 200 steps; forced here)
     "compiled": dict(compile_layers=True),
     "d0-compile-no-liger-profile": dict(
@@ -555,6 +559,31 @@ def run_runbook(method: str, model_path: str, tok, rows, steps: int, warmup: int
     return result(meter, steps, warmup, out.training_loss, wall0)
 
 
+def _offload_exit_without_host_sync() -> None:
+    """`_exit_wait_stream`: TRL's offloading context ends each micro-batch with a host sync of both
+    streams (`s0.synchronize(); s1.synchronize()`) before dropping its stashes, in a step that is
+    host-bound. Here the two streams wait for each other on the device instead (every later kernel
+    on either stream runs after the copies and the compute issued so far), so the stashed tensors
+    can go and the host runs on."""
+    from torch.autograd.graph import saved_tensors_hooks
+    from trl.models.activation_offloading import OffloadActivations
+
+    def exit_(self: Any, *args: Any, **kwargs: Any) -> Any:
+        try:
+            if self.use_streams:
+                compute = self.s0
+                compute.wait_stream(self.s1)
+                self.s1.wait_stream(compute)
+                self.bwd_tensor_stash.clear()
+                self.bwd_ev_stash.clear()
+                self.fwd_stash.clear()
+        finally:
+            result = saved_tensors_hooks.__exit__(self, *args, **kwargs)
+        return result
+
+    OffloadActivations.__exit__ = exit_
+
+
 def run_cft(
     method: str,
     params: dict[str, Any],
@@ -583,6 +612,8 @@ def run_cft(
         "_empty_cache"
     ):  # TRL's offloading as it is: the allocator's cache emptied per micro-batch
         trl_factory.keep_allocator_cache = lambda trainer: None
+    if knobs.get("_exit_wait_stream"):
+        _offload_exit_without_host_sync()
     if "_offload_min_bytes" in knobs:
         import trl.trainer.sft_trainer as sft_trainer
 
