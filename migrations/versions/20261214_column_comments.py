@@ -1,13 +1,19 @@
-"""Every column of cft's tables says what it holds: COMMENT ON COLUMN (docs/reference/sql.md).
+"""Every column of cft's relations says what it holds: COMMENT ON COLUMN (docs/reference/sql.md).
 
-349 columns had no comment: those of loop.cycle, loop.cycle_event, loop.policy, loop.control,
-obs.inference_log, obs.request_key, obs.prompt_neighbour_scan, obs.prompt_embedding,
-obs.prompt_neighbour, serve.route, serve.adapter, serve.adapter_event, serve.adapter_deployment,
-serve.experiment_policy, serve.experiment_decision, train.training_run, train.training_worker,
-train.dataset_snapshot, train.dataset_example, train.eval_result, train.eval_suite,
-train.eval_case, train.eval_request, train.promotion_policy, train.judge_calibration,
-train.judge_verdict, auth.api_key, auth.forget_request, auth.tenant_offboarding, tenant, and
-the view obs.experiment. Comments only: no object changes.
+488 columns had no comment: those of the tables loop.cycle, loop.cycle_event, loop.policy,
+loop.control, obs.inference_log, obs.request_key, obs.prompt_neighbour_scan,
+obs.prompt_embedding, obs.prompt_neighbour, obs.deleted_log, serve.route, serve.adapter,
+serve.adapter_event, serve.adapter_deployment, serve.experiment_policy,
+serve.experiment_decision, train.training_run, train.training_worker, train.dataset_snapshot,
+train.dataset_example, train.eval_result, train.eval_suite, train.eval_case,
+train.eval_calibration_case, train.eval_request, train.promotion_policy,
+train.judge_calibration, train.judge_verdict, train.candidate_view_refresh, auth.api_key,
+auth.forget_request, auth.tenant_offboarding and tenant; of the views obs.experiment,
+obs.experiment_arm_7d, obs.experiment_compare_7d, obs.inference_log_partition and
+train.training_run_wait; of the materialised views train.sft_candidate, train.kto_candidate
+and train.pair_candidate; and of the composite type obs.arm_sample. Comments only: no object
+changes (CREATE OR REPLACE VIEW keeps a view's column comments; a migration that drops and
+creates one of these views must set them again).
 
 The downgrade sets each of them back to NULL.
 
@@ -701,6 +707,283 @@ COMMENT ON COLUMN loop.cycle_event.inputs IS
 COMMENT ON COLUMN loop.cycle_event.note IS
   'A line for people: why (the step''s note, or the error).';
 COMMENT ON COLUMN loop.cycle_event.at IS 'When (the clock time).';
+
+COMMENT ON COLUMN obs.inference_log_partition.name IS
+  'The partition''s table in schema obs: inference_log_<ISO year>w<ISO week>.';
+COMMENT ON COLUMN obs.inference_log_partition.from_at IS
+  'Start of its week, Monday 00:00 UTC (inclusive bound).';
+COMMENT ON COLUMN obs.inference_log_partition.to_at IS
+  'End of its week (exclusive bound): obs.drop_partitions '
+  'drops it once this is past the retention cutoff.';
+
+COMMENT ON COLUMN train.training_run_wait.id IS 'The queued run (train.training_run.id).';
+COMMENT ON COLUMN train.training_run_wait.tenant_id IS 'The tenant it trains for.';
+COMMENT ON COLUMN train.training_run_wait.route IS 'The route its adapter is for.';
+COMMENT ON COLUMN train.training_run_wait.method IS 'sft, dpo, kto, orpo or simpo.';
+COMMENT ON COLUMN train.training_run_wait.priority IS 'Its priority: higher is claimed first.';
+COMMENT ON COLUMN train.training_run_wait.gpus IS 'Devices it needs in one worker.';
+COMMENT ON COLUMN train.training_run_wait.min_gpu_memory_gb IS
+  'Least memory it needs on each GPU, in GiB; NULL: any.';
+COMMENT ON COLUMN train.training_run_wait.device_kind IS
+  'cuda or cpu, the kind of device it needs; NULL: any.';
+COMMENT ON COLUMN train.training_run_wait.created_at IS 'When it was queued.';
+COMMENT ON COLUMN train.training_run_wait.waiting_for IS
+  'How long it has been queued (now() - created_at).';
+COMMENT ON COLUMN train.training_run_wait.able_workers IS
+  'Live trainer workers that meet all its needs (devices, memory per GPU, kind).';
+COMMENT ON COLUMN train.training_run_wait.able_workers_busy IS
+  'Of those, the ones holding a run with a live lease.';
+COMMENT ON COLUMN train.training_run_wait.reason IS
+  'Why it waits, in words: no live worker, which need no live worker '
+  'meets, every able worker busy, or claimable (idle able workers).';
+
+COMMENT ON COLUMN obs.arm_sample.adapter_id IS 'The adapter whose rows were sampled.';
+COMMENT ON COLUMN obs.arm_sample.since IS 'Start of the window (inclusive).';
+COMMENT ON COLUMN obs.arm_sample.until IS 'End of the window (exclusive).';
+COMMENT ON COLUMN obs.arm_sample.first_at IS
+  'When the sample''s first row was logged; NULL: no rows.';
+COMMENT ON COLUMN obs.arm_sample.last_at IS
+  'When the sample''s last row was logged; NULL: no rows.';
+COMMENT ON COLUMN obs.arm_sample.n IS 'Rows in the sample.';
+COMMENT ON COLUMN obs.arm_sample.n_feedback IS
+  'Rows with explicit feedback (fb_explicit not NULL).';
+COMMENT ON COLUMN obs.arm_sample.feedback_mean IS 'Mean fb_explicit over those rows (-1..1).';
+COMMENT ON COLUMN obs.arm_sample.feedback_var IS 'Sample variance of fb_explicit over those rows.';
+COMMENT ON COLUMN obs.arm_sample.n_thumbs_up IS 'Rows rated 1 (thumbs up).';
+COMMENT ON COLUMN obs.arm_sample.n_thumbs_down IS 'Rows rated -1 (thumbs down).';
+COMMENT ON COLUMN obs.arm_sample.n_regen IS 'Rows the user regenerated (fb_regen).';
+COMMENT ON COLUMN obs.arm_sample.n_edited IS 'Rows the user corrected (fb_edited).';
+COMMENT ON COLUMN obs.arm_sample.n_bad IS 'Rows with status error or partial.';
+COMMENT ON COLUMN obs.arm_sample.n_tokens IS
+  'Rows with a completion token count (tokens_out not NULL).';
+COMMENT ON COLUMN obs.arm_sample.tokens_out_avg IS 'Mean completion tokens over those rows.';
+COMMENT ON COLUMN obs.arm_sample.tokens_out_var IS
+  'Sample variance of completion tokens over those rows.';
+COMMENT ON COLUMN obs.arm_sample.n_ttft IS 'Rows with a time to first token (ttft_ms not NULL).';
+COMMENT ON COLUMN obs.arm_sample.ttft_p95 IS
+  '95th percentile of the time to first token, in ms (percentile_cont).';
+COMMENT ON COLUMN obs.arm_sample.ttft_threshold IS
+  'The time to first token the sample counts rows above, '
+  'in ms (the sampler''s p_ttft_threshold); NULL: none.';
+COMMENT ON COLUMN obs.arm_sample.n_ttft_over IS
+  'Rows slower than ttft_threshold (0 when it is NULL).';
+
+COMMENT ON COLUMN obs.experiment_arm_7d.experiment IS 'The experiment (obs.experiment.experiment).';
+COMMENT ON COLUMN obs.experiment_arm_7d.variant IS
+  'The arm''s variant: A = prod (the control), B.. = canaries.';
+COMMENT ON COLUMN obs.experiment_arm_7d.adapter_id IS
+  'The adapter that served the arm (an arm is variant × adapter).';
+COMMENT ON COLUMN obs.experiment_arm_7d.route IS
+  'The route logged (the first by name if the arm''s rows carry several).';
+COMMENT ON COLUMN obs.experiment_arm_7d.n IS
+  'The arm''s rows (logged inferences) in the last 7 days.';
+COMMENT ON COLUMN obs.experiment_arm_7d.n_error IS 'Rows with status error.';
+COMMENT ON COLUMN obs.experiment_arm_7d.n_feedback IS
+  'Rows with explicit feedback (fb_explicit not NULL).';
+COMMENT ON COLUMN obs.experiment_arm_7d.feedback_mean IS
+  'Mean fb_explicit over rated rows (-1..1).';
+COMMENT ON COLUMN obs.experiment_arm_7d.feedback_var IS
+  'Sample variance of fb_explicit over rated rows.';
+COMMENT ON COLUMN obs.experiment_arm_7d.feedback_se IS
+  'Standard error of feedback_mean: sqrt(feedback_var / n_feedback).';
+COMMENT ON COLUMN obs.experiment_arm_7d.feedback_ci_low IS
+  'Low end of the 95 % interval of feedback_mean (Student''s t, n_feedback - 1 df).';
+COMMENT ON COLUMN obs.experiment_arm_7d.feedback_ci_high IS
+  'High end of the 95 % interval of feedback_mean.';
+COMMENT ON COLUMN obs.experiment_arm_7d.n_thumbs_up IS 'Rows rated 1 (thumbs up).';
+COMMENT ON COLUMN obs.experiment_arm_7d.n_thumbs_down IS 'Rows rated -1 (thumbs down).';
+COMMENT ON COLUMN obs.experiment_arm_7d.thumbs_up_rate IS
+  'n_thumbs_up / n_feedback (neutral ratings count as not up); NULL: none rated.';
+COMMENT ON COLUMN obs.experiment_arm_7d.thumbs_up_ci_low IS
+  'Low end of the 95 % Wilson interval of thumbs_up_rate.';
+COMMENT ON COLUMN obs.experiment_arm_7d.thumbs_up_ci_high IS
+  'High end of the 95 % Wilson interval of thumbs_up_rate.';
+COMMENT ON COLUMN obs.experiment_arm_7d.n_regen IS 'Rows the user regenerated (fb_regen).';
+COMMENT ON COLUMN obs.experiment_arm_7d.regen_rate IS 'n_regen / n.';
+COMMENT ON COLUMN obs.experiment_arm_7d.n_edited IS 'Rows the user corrected (fb_edited).';
+COMMENT ON COLUMN obs.experiment_arm_7d.edit_rate IS 'n_edited / n.';
+COMMENT ON COLUMN obs.experiment_arm_7d.n_ttft IS
+  'Rows with a time to first token (ttft_ms not NULL).';
+COMMENT ON COLUMN obs.experiment_arm_7d.ttft_avg IS 'Mean time to first token, in ms.';
+COMMENT ON COLUMN obs.experiment_arm_7d.ttft_var IS
+  'Sample variance of the time to first token, in ms squared.';
+COMMENT ON COLUMN obs.experiment_arm_7d.ttft_p50 IS
+  'Median time to first token, in ms (percentile_cont).';
+COMMENT ON COLUMN obs.experiment_arm_7d.ttft_p95 IS
+  '95th percentile of the time to first token, in ms (percentile_cont).';
+COMMENT ON COLUMN obs.experiment_arm_7d.tokens_out_avg IS
+  'Mean completion tokens per row (of rows with a count).';
+COMMENT ON COLUMN obs.experiment_arm_7d.tokens_out_sum IS
+  'Completion tokens of all the arm''s rows.';
+COMMENT ON COLUMN obs.experiment_arm_7d.first_at IS
+  'When the arm''s first row in the window was logged.';
+COMMENT ON COLUMN obs.experiment_arm_7d.last_at IS
+  'When the arm''s last row in the window was logged.';
+
+COMMENT ON COLUMN obs.experiment_compare_7d.experiment IS
+  'The experiment (obs.experiment.experiment).';
+COMMENT ON COLUMN obs.experiment_compare_7d.metric IS
+  'What is compared: feedback_mean, thumbs_up_rate, regen_rate, edit_rate, ttft_avg or ttft_p95.';
+COMMENT ON COLUMN obs.experiment_compare_7d.test IS
+  'welch_t (feedback_mean, ttft_avg), two_proportion_z (the rates) or none (ttft_p95).';
+COMMENT ON COLUMN obs.experiment_compare_7d.higher_is_better IS
+  'True for feedback_mean and thumbs_up_rate; false for the regen, edit and ttft metrics.';
+COMMENT ON COLUMN obs.experiment_compare_7d.control_variant IS 'The control arm''s variant (A).';
+COMMENT ON COLUMN obs.experiment_compare_7d.control_adapter IS
+  'The control arm''s adapter: of the A arms, the one with the most rows.';
+COMMENT ON COLUMN obs.experiment_compare_7d.canary_variant IS 'The canary arm''s variant (B..).';
+COMMENT ON COLUMN obs.experiment_compare_7d.canary_adapter IS 'The canary arm''s adapter.';
+COMMENT ON COLUMN obs.experiment_compare_7d.n_control IS
+  'The control''s observations of the metric: rated rows (feedback_mean, '
+  'thumbs_up_rate), all rows (regen_rate, edit_rate) or rows with a ttft.';
+COMMENT ON COLUMN obs.experiment_compare_7d.n_canary IS
+  'The canary''s observations of the metric, counted as n_control.';
+COMMENT ON COLUMN obs.experiment_compare_7d.control_value IS
+  'The metric on the control arm (ttft metrics in ms).';
+COMMENT ON COLUMN obs.experiment_compare_7d.canary_value IS
+  'The metric on the canary arm (ttft metrics in ms).';
+COMMENT ON COLUMN obs.experiment_compare_7d.diff IS 'canary_value - control_value.';
+COMMENT ON COLUMN obs.experiment_compare_7d.diff_ci_low IS
+  'Low end of the 95 % interval of diff; NULL: no test, or too few rows.';
+COMMENT ON COLUMN obs.experiment_compare_7d.diff_ci_high IS
+  'High end of the 95 % interval of diff; NULL: no test, or too few rows.';
+COMMENT ON COLUMN obs.experiment_compare_7d.statistic IS
+  'Welch''s t, or the pooled two-proportion z; NULL: no test, too few rows or zero standard error.';
+COMMENT ON COLUMN obs.experiment_compare_7d.df IS
+  'Welch-Satterthwaite degrees of freedom (welch_t only; NULL otherwise).';
+COMMENT ON COLUMN obs.experiment_compare_7d.p_value IS
+  'Two-sided p-value of the test; NULL: no test or no statistic.';
+COMMENT ON COLUMN obs.experiment_compare_7d.alpha IS 'The significance level: 0.05.';
+COMMENT ON COLUMN obs.experiment_compare_7d.significant IS
+  'p_value < alpha (false when there is no p-value).';
+COMMENT ON COLUMN obs.experiment_compare_7d.canary_better IS
+  'diff goes the better way (per higher_is_better); NULL: diff 0 or unknown.';
+COMMENT ON COLUMN obs.experiment_compare_7d.mde IS
+  'The absolute effect the sample size is for: 0.1 for '
+  'feedback_mean, 0.05 for the rates; NULL for the ttft metrics.';
+COMMENT ON COLUMN obs.experiment_compare_7d.power IS 'The power the sample size is for: 0.8.';
+COMMENT ON COLUMN obs.experiment_compare_7d.n_required_per_arm IS
+  'Observations each arm needs to detect mde at alpha with that '
+  'power; NULL: no mde, or no variance or rate to size from.';
+COMMENT ON COLUMN obs.experiment_compare_7d.n_more_needed IS
+  'n_required_per_arm minus the smaller of n_control and '
+  'n_canary, at least 0 (0 also when n_required_per_arm is NULL).';
+
+COMMENT ON COLUMN train.eval_calibration_case.id IS
+  'The case''s number (train.judge_verdict.case_id); a calibration judges cases in this order.';
+COMMENT ON COLUMN train.eval_calibration_case.suite_id IS
+  'The judge suite whose calibration set it belongs to (train.eval_suite.id).';
+COMMENT ON COLUMN train.eval_calibration_case.messages IS
+  'The conversation that was answered (OpenAI chat messages).';
+COMMENT ON COLUMN train.eval_calibration_case.answer IS
+  'The answer people judged; the judge is shown the conversation and this answer.';
+COMMENT ON COLUMN train.eval_calibration_case.human_label IS
+  'People''s verdict under the suite''s rubric (true: '
+  'acceptable): the label of POST /v1/eval-suites.';
+COMMENT ON COLUMN train.eval_calibration_case.author IS
+  'Who added or last changed it, set by the database (train.current_author): '
+  'key <id> (<prefix>, role <role>), evaluator <id> or sql role <role>.';
+COMMENT ON COLUMN train.eval_calibration_case.created_at IS 'When the case was added.';
+
+COMMENT ON COLUMN obs.deleted_log.log_id IS
+  'id of the obs.inference_log row deleted or newly PII-flagged.';
+COMMENT ON COLUMN obs.deleted_log.created_at IS
+  'created_at of that log row (the rest of its primary key), not when it was marked.';
+COMMENT ON COLUMN obs.deleted_log.xid IS
+  'The transaction that deleted or flagged it (the latest, if marked again): the marker '
+  'goes once every candidate view has been refreshed from a snapshot that sees it.';
+
+COMMENT ON COLUMN train.sft_candidate.prompt_log_id IS
+  'id of the edited obs.inference_log row; with prompt_created_at the view''s key.';
+COMMENT ON COLUMN train.sft_candidate.prompt_created_at IS
+  'created_at of that row (the rest of its primary key).';
+COMMENT ON COLUMN train.sft_candidate.log_ids IS
+  'ids of the log rows the example is built from (that one row).';
+COMMENT ON COLUMN train.sft_candidate.tenant_id IS
+  'The tenant whose traffic it is (consenting at the refresh).';
+COMMENT ON COLUMN train.sft_candidate.route IS 'The route called.';
+COMMENT ON COLUMN train.sft_candidate.rating IS
+  'The row''s thumbs (fb_explicit; 0 when unrated): a snapshot''s '
+  'dedup keeps the highest (rating, created_at, prompt_log_id).';
+COMMENT ON COLUMN train.sft_candidate.created_at IS
+  'When the call was made: a snapshot''s window filters on it.';
+COMMENT ON COLUMN train.sft_candidate.example IS
+  'The TRL sft example: {messages: the prompt and the '
+  'edited text as the assistant turn} (train.sft_example).';
+COMMENT ON COLUMN train.sft_candidate.example_hash IS
+  'sha256 of the example''s jsonb text (train.example_hash): '
+  'its identity and split bucket in a snapshot.';
+COMMENT ON COLUMN train.sft_candidate.dup_check_off IS
+  'Always NULL, so REFRESH ... CONCURRENTLY leaves every row out of its '
+  'whole-row duplicate search (useless here: each row has its own key).';
+
+COMMENT ON COLUMN train.kto_candidate.prompt_log_id IS
+  'id of the rated obs.inference_log row; with prompt_created_at the view''s key.';
+COMMENT ON COLUMN train.kto_candidate.prompt_created_at IS
+  'created_at of that row (the rest of its primary key).';
+COMMENT ON COLUMN train.kto_candidate.log_ids IS
+  'ids of the log rows the example is built from (that one row).';
+COMMENT ON COLUMN train.kto_candidate.tenant_id IS
+  'The tenant whose traffic it is (consenting at the refresh).';
+COMMENT ON COLUMN train.kto_candidate.route IS 'The route called.';
+COMMENT ON COLUMN train.kto_candidate.label IS
+  'The KTO label: true for thumbs up (fb_explicit 1), false for thumbs down (-1).';
+COMMENT ON COLUMN train.kto_candidate.rating IS
+  'fb_explicit as int (1 or -1): a snapshot''s dedup '
+  'keeps the highest (rating, created_at, prompt_log_id).';
+COMMENT ON COLUMN train.kto_candidate.created_at IS
+  'When the call was made: a snapshot''s window filters on it.';
+COMMENT ON COLUMN train.kto_candidate.example IS
+  'The TRL kto example: {prompt, completion: the answer '
+  'as the assistant turn, label} (train.kto_example).';
+COMMENT ON COLUMN train.kto_candidate.example_hash IS
+  'sha256 of the example''s jsonb text (train.example_hash): '
+  'its identity and split bucket in a snapshot.';
+COMMENT ON COLUMN train.kto_candidate.dup_check_off IS
+  'Always NULL, so REFRESH ... CONCURRENTLY leaves every row out of its '
+  'whole-row duplicate search (useless here: each row has its own key).';
+
+COMMENT ON COLUMN train.pair_candidate.source IS
+  'regen (a regenerated answer against its child) or '
+  'edit (the user''s edit against the original answer).';
+COMMENT ON COLUMN train.pair_candidate.prompt_log_id IS
+  'id of the rejected obs.inference_log row (the regenerated '
+  'one, or the edited one); its messages are the prompt.';
+COMMENT ON COLUMN train.pair_candidate.prompt_created_at IS
+  'created_at of that row (the rest of its primary key).';
+COMMENT ON COLUMN train.pair_candidate.chosen_log_id IS
+  'id of the row whose answer is chosen: the regenerated '
+  'row''s child (regen), or the edited row itself (edit).';
+COMMENT ON COLUMN train.pair_candidate.chosen_created_at IS 'created_at of the chosen row.';
+COMMENT ON COLUMN train.pair_candidate.log_ids IS
+  'ids of the log rows the pair is built from: rejected '
+  'and chosen (regen), or the edited row (edit).';
+COMMENT ON COLUMN train.pair_candidate.tenant_id IS
+  'The tenant whose traffic it is (consenting at the refresh).';
+COMMENT ON COLUMN train.pair_candidate.route IS 'The route called.';
+COMMENT ON COLUMN train.pair_candidate.rating IS
+  'The chosen row''s thumbs (fb_explicit; 0 when unrated): a snapshot''s '
+  'dedup keeps the highest (rating, created_at, prompt_log_id).';
+COMMENT ON COLUMN train.pair_candidate.created_at IS
+  'When the chosen row''s call was made: a snapshot''s window filters on it.';
+COMMENT ON COLUMN train.pair_candidate.example IS
+  'The TRL preference pair: {prompt, chosen, rejected}, '
+  'each answer as an assistant turn (train.pair_example).';
+COMMENT ON COLUMN train.pair_candidate.example_hash IS
+  'sha256 of the example''s jsonb text (train.example_hash): '
+  'its identity and split bucket in a snapshot.';
+COMMENT ON COLUMN train.pair_candidate.dup_check_off IS
+  'Always NULL, so REFRESH ... CONCURRENTLY leaves every row out of its '
+  'whole-row duplicate search (useless here: each row has its own key).';
+
+COMMENT ON COLUMN train.candidate_view_refresh.view_name IS
+  'The candidate view: train.sft_candidate, train.kto_candidate or train.pair_candidate.';
+COMMENT ON COLUMN train.candidate_view_refresh.refreshed_at IS
+  'When train.refresh_dataset_candidates last refreshed it (once that '
+  'call''s refreshes were done); NULL: never since this table was made.';
+COMMENT ON COLUMN train.candidate_view_refresh.seen IS
+  'The snapshot of committed transactions taken before that refresh began: obs.deleted_log '
+  'markers visible in it are accounted for by this view. NULL: never refreshed, so none are.';
 """
 
 DOWNGRADE_SQL = r"""
@@ -1053,6 +1336,145 @@ COMMENT ON COLUMN loop.cycle_event.worker_id IS NULL;
 COMMENT ON COLUMN loop.cycle_event.inputs IS NULL;
 COMMENT ON COLUMN loop.cycle_event.note IS NULL;
 COMMENT ON COLUMN loop.cycle_event.at IS NULL;
+COMMENT ON COLUMN obs.inference_log_partition.name IS NULL;
+COMMENT ON COLUMN obs.inference_log_partition.from_at IS NULL;
+COMMENT ON COLUMN obs.inference_log_partition.to_at IS NULL;
+COMMENT ON COLUMN train.training_run_wait.id IS NULL;
+COMMENT ON COLUMN train.training_run_wait.tenant_id IS NULL;
+COMMENT ON COLUMN train.training_run_wait.route IS NULL;
+COMMENT ON COLUMN train.training_run_wait.method IS NULL;
+COMMENT ON COLUMN train.training_run_wait.priority IS NULL;
+COMMENT ON COLUMN train.training_run_wait.gpus IS NULL;
+COMMENT ON COLUMN train.training_run_wait.min_gpu_memory_gb IS NULL;
+COMMENT ON COLUMN train.training_run_wait.device_kind IS NULL;
+COMMENT ON COLUMN train.training_run_wait.created_at IS NULL;
+COMMENT ON COLUMN train.training_run_wait.waiting_for IS NULL;
+COMMENT ON COLUMN train.training_run_wait.able_workers IS NULL;
+COMMENT ON COLUMN train.training_run_wait.able_workers_busy IS NULL;
+COMMENT ON COLUMN train.training_run_wait.reason IS NULL;
+COMMENT ON COLUMN obs.arm_sample.adapter_id IS NULL;
+COMMENT ON COLUMN obs.arm_sample.since IS NULL;
+COMMENT ON COLUMN obs.arm_sample.until IS NULL;
+COMMENT ON COLUMN obs.arm_sample.first_at IS NULL;
+COMMENT ON COLUMN obs.arm_sample.last_at IS NULL;
+COMMENT ON COLUMN obs.arm_sample.n IS NULL;
+COMMENT ON COLUMN obs.arm_sample.n_feedback IS NULL;
+COMMENT ON COLUMN obs.arm_sample.feedback_mean IS NULL;
+COMMENT ON COLUMN obs.arm_sample.feedback_var IS NULL;
+COMMENT ON COLUMN obs.arm_sample.n_thumbs_up IS NULL;
+COMMENT ON COLUMN obs.arm_sample.n_thumbs_down IS NULL;
+COMMENT ON COLUMN obs.arm_sample.n_regen IS NULL;
+COMMENT ON COLUMN obs.arm_sample.n_edited IS NULL;
+COMMENT ON COLUMN obs.arm_sample.n_bad IS NULL;
+COMMENT ON COLUMN obs.arm_sample.n_tokens IS NULL;
+COMMENT ON COLUMN obs.arm_sample.tokens_out_avg IS NULL;
+COMMENT ON COLUMN obs.arm_sample.tokens_out_var IS NULL;
+COMMENT ON COLUMN obs.arm_sample.n_ttft IS NULL;
+COMMENT ON COLUMN obs.arm_sample.ttft_p95 IS NULL;
+COMMENT ON COLUMN obs.arm_sample.ttft_threshold IS NULL;
+COMMENT ON COLUMN obs.arm_sample.n_ttft_over IS NULL;
+COMMENT ON COLUMN obs.experiment_arm_7d.experiment IS NULL;
+COMMENT ON COLUMN obs.experiment_arm_7d.variant IS NULL;
+COMMENT ON COLUMN obs.experiment_arm_7d.adapter_id IS NULL;
+COMMENT ON COLUMN obs.experiment_arm_7d.route IS NULL;
+COMMENT ON COLUMN obs.experiment_arm_7d.n IS NULL;
+COMMENT ON COLUMN obs.experiment_arm_7d.n_error IS NULL;
+COMMENT ON COLUMN obs.experiment_arm_7d.n_feedback IS NULL;
+COMMENT ON COLUMN obs.experiment_arm_7d.feedback_mean IS NULL;
+COMMENT ON COLUMN obs.experiment_arm_7d.feedback_var IS NULL;
+COMMENT ON COLUMN obs.experiment_arm_7d.feedback_se IS NULL;
+COMMENT ON COLUMN obs.experiment_arm_7d.feedback_ci_low IS NULL;
+COMMENT ON COLUMN obs.experiment_arm_7d.feedback_ci_high IS NULL;
+COMMENT ON COLUMN obs.experiment_arm_7d.n_thumbs_up IS NULL;
+COMMENT ON COLUMN obs.experiment_arm_7d.n_thumbs_down IS NULL;
+COMMENT ON COLUMN obs.experiment_arm_7d.thumbs_up_rate IS NULL;
+COMMENT ON COLUMN obs.experiment_arm_7d.thumbs_up_ci_low IS NULL;
+COMMENT ON COLUMN obs.experiment_arm_7d.thumbs_up_ci_high IS NULL;
+COMMENT ON COLUMN obs.experiment_arm_7d.n_regen IS NULL;
+COMMENT ON COLUMN obs.experiment_arm_7d.regen_rate IS NULL;
+COMMENT ON COLUMN obs.experiment_arm_7d.n_edited IS NULL;
+COMMENT ON COLUMN obs.experiment_arm_7d.edit_rate IS NULL;
+COMMENT ON COLUMN obs.experiment_arm_7d.n_ttft IS NULL;
+COMMENT ON COLUMN obs.experiment_arm_7d.ttft_avg IS NULL;
+COMMENT ON COLUMN obs.experiment_arm_7d.ttft_var IS NULL;
+COMMENT ON COLUMN obs.experiment_arm_7d.ttft_p50 IS NULL;
+COMMENT ON COLUMN obs.experiment_arm_7d.ttft_p95 IS NULL;
+COMMENT ON COLUMN obs.experiment_arm_7d.tokens_out_avg IS NULL;
+COMMENT ON COLUMN obs.experiment_arm_7d.tokens_out_sum IS NULL;
+COMMENT ON COLUMN obs.experiment_arm_7d.first_at IS NULL;
+COMMENT ON COLUMN obs.experiment_arm_7d.last_at IS NULL;
+COMMENT ON COLUMN obs.experiment_compare_7d.experiment IS NULL;
+COMMENT ON COLUMN obs.experiment_compare_7d.metric IS NULL;
+COMMENT ON COLUMN obs.experiment_compare_7d.test IS NULL;
+COMMENT ON COLUMN obs.experiment_compare_7d.higher_is_better IS NULL;
+COMMENT ON COLUMN obs.experiment_compare_7d.control_variant IS NULL;
+COMMENT ON COLUMN obs.experiment_compare_7d.control_adapter IS NULL;
+COMMENT ON COLUMN obs.experiment_compare_7d.canary_variant IS NULL;
+COMMENT ON COLUMN obs.experiment_compare_7d.canary_adapter IS NULL;
+COMMENT ON COLUMN obs.experiment_compare_7d.n_control IS NULL;
+COMMENT ON COLUMN obs.experiment_compare_7d.n_canary IS NULL;
+COMMENT ON COLUMN obs.experiment_compare_7d.control_value IS NULL;
+COMMENT ON COLUMN obs.experiment_compare_7d.canary_value IS NULL;
+COMMENT ON COLUMN obs.experiment_compare_7d.diff IS NULL;
+COMMENT ON COLUMN obs.experiment_compare_7d.diff_ci_low IS NULL;
+COMMENT ON COLUMN obs.experiment_compare_7d.diff_ci_high IS NULL;
+COMMENT ON COLUMN obs.experiment_compare_7d.statistic IS NULL;
+COMMENT ON COLUMN obs.experiment_compare_7d.df IS NULL;
+COMMENT ON COLUMN obs.experiment_compare_7d.p_value IS NULL;
+COMMENT ON COLUMN obs.experiment_compare_7d.alpha IS NULL;
+COMMENT ON COLUMN obs.experiment_compare_7d.significant IS NULL;
+COMMENT ON COLUMN obs.experiment_compare_7d.canary_better IS NULL;
+COMMENT ON COLUMN obs.experiment_compare_7d.mde IS NULL;
+COMMENT ON COLUMN obs.experiment_compare_7d.power IS NULL;
+COMMENT ON COLUMN obs.experiment_compare_7d.n_required_per_arm IS NULL;
+COMMENT ON COLUMN obs.experiment_compare_7d.n_more_needed IS NULL;
+COMMENT ON COLUMN train.eval_calibration_case.id IS NULL;
+COMMENT ON COLUMN train.eval_calibration_case.suite_id IS NULL;
+COMMENT ON COLUMN train.eval_calibration_case.messages IS NULL;
+COMMENT ON COLUMN train.eval_calibration_case.answer IS NULL;
+COMMENT ON COLUMN train.eval_calibration_case.human_label IS NULL;
+COMMENT ON COLUMN train.eval_calibration_case.author IS NULL;
+COMMENT ON COLUMN train.eval_calibration_case.created_at IS NULL;
+COMMENT ON COLUMN obs.deleted_log.log_id IS NULL;
+COMMENT ON COLUMN obs.deleted_log.created_at IS NULL;
+COMMENT ON COLUMN obs.deleted_log.xid IS NULL;
+COMMENT ON COLUMN train.sft_candidate.prompt_log_id IS NULL;
+COMMENT ON COLUMN train.sft_candidate.prompt_created_at IS NULL;
+COMMENT ON COLUMN train.sft_candidate.log_ids IS NULL;
+COMMENT ON COLUMN train.sft_candidate.tenant_id IS NULL;
+COMMENT ON COLUMN train.sft_candidate.route IS NULL;
+COMMENT ON COLUMN train.sft_candidate.rating IS NULL;
+COMMENT ON COLUMN train.sft_candidate.created_at IS NULL;
+COMMENT ON COLUMN train.sft_candidate.example IS NULL;
+COMMENT ON COLUMN train.sft_candidate.example_hash IS NULL;
+COMMENT ON COLUMN train.sft_candidate.dup_check_off IS NULL;
+COMMENT ON COLUMN train.kto_candidate.prompt_log_id IS NULL;
+COMMENT ON COLUMN train.kto_candidate.prompt_created_at IS NULL;
+COMMENT ON COLUMN train.kto_candidate.log_ids IS NULL;
+COMMENT ON COLUMN train.kto_candidate.tenant_id IS NULL;
+COMMENT ON COLUMN train.kto_candidate.route IS NULL;
+COMMENT ON COLUMN train.kto_candidate.label IS NULL;
+COMMENT ON COLUMN train.kto_candidate.rating IS NULL;
+COMMENT ON COLUMN train.kto_candidate.created_at IS NULL;
+COMMENT ON COLUMN train.kto_candidate.example IS NULL;
+COMMENT ON COLUMN train.kto_candidate.example_hash IS NULL;
+COMMENT ON COLUMN train.kto_candidate.dup_check_off IS NULL;
+COMMENT ON COLUMN train.pair_candidate.source IS NULL;
+COMMENT ON COLUMN train.pair_candidate.prompt_log_id IS NULL;
+COMMENT ON COLUMN train.pair_candidate.prompt_created_at IS NULL;
+COMMENT ON COLUMN train.pair_candidate.chosen_log_id IS NULL;
+COMMENT ON COLUMN train.pair_candidate.chosen_created_at IS NULL;
+COMMENT ON COLUMN train.pair_candidate.log_ids IS NULL;
+COMMENT ON COLUMN train.pair_candidate.tenant_id IS NULL;
+COMMENT ON COLUMN train.pair_candidate.route IS NULL;
+COMMENT ON COLUMN train.pair_candidate.rating IS NULL;
+COMMENT ON COLUMN train.pair_candidate.created_at IS NULL;
+COMMENT ON COLUMN train.pair_candidate.example IS NULL;
+COMMENT ON COLUMN train.pair_candidate.example_hash IS NULL;
+COMMENT ON COLUMN train.pair_candidate.dup_check_off IS NULL;
+COMMENT ON COLUMN train.candidate_view_refresh.view_name IS NULL;
+COMMENT ON COLUMN train.candidate_view_refresh.refreshed_at IS NULL;
+COMMENT ON COLUMN train.candidate_view_refresh.seen IS NULL;
 """
 
 

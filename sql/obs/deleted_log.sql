@@ -21,6 +21,14 @@ CREATE TABLE obs.deleted_log (
 COMMENT ON TABLE obs.deleted_log IS
   'Log rows deleted or PII-flagged since the candidate views were refreshed (ids only).';
 
+COMMENT ON COLUMN obs.deleted_log.log_id IS
+  'id of the obs.inference_log row deleted or newly PII-flagged.';
+COMMENT ON COLUMN obs.deleted_log.created_at IS
+  'created_at of that log row (the rest of its primary key), not when it was marked.';
+COMMENT ON COLUMN obs.deleted_log.xid IS
+  'The transaction that deleted or flagged it (the latest, if marked again): the marker '
+  'goes once every candidate view has been refreshed from a snapshot that sees it.';
+
 -- Row-level, so that it is cloned to every partition: a DELETE aimed at one partition (the
 -- maintenance's cleanup of DEFAULT, an operator's) is marked too. A marker may outlive its
 -- reason (a row moved out of DEFAULT into a new partition is deleted there first, a deleted

@@ -34,6 +34,37 @@ COMMENT ON TYPE obs.arm_sample IS
   'thumbs, regenerations, edits, n_bad (status error or partial), tokens_out, ttft p95 and the '
   'rows whose ttft exceeds ttft_threshold.';
 
+COMMENT ON COLUMN obs.arm_sample.adapter_id IS 'The adapter whose rows were sampled.';
+COMMENT ON COLUMN obs.arm_sample.since IS 'Start of the window (inclusive).';
+COMMENT ON COLUMN obs.arm_sample.until IS 'End of the window (exclusive).';
+COMMENT ON COLUMN obs.arm_sample.first_at IS
+  'When the sample''s first row was logged; NULL: no rows.';
+COMMENT ON COLUMN obs.arm_sample.last_at IS
+  'When the sample''s last row was logged; NULL: no rows.';
+COMMENT ON COLUMN obs.arm_sample.n IS 'Rows in the sample.';
+COMMENT ON COLUMN obs.arm_sample.n_feedback IS
+  'Rows with explicit feedback (fb_explicit not NULL).';
+COMMENT ON COLUMN obs.arm_sample.feedback_mean IS 'Mean fb_explicit over those rows (-1..1).';
+COMMENT ON COLUMN obs.arm_sample.feedback_var IS 'Sample variance of fb_explicit over those rows.';
+COMMENT ON COLUMN obs.arm_sample.n_thumbs_up IS 'Rows rated 1 (thumbs up).';
+COMMENT ON COLUMN obs.arm_sample.n_thumbs_down IS 'Rows rated -1 (thumbs down).';
+COMMENT ON COLUMN obs.arm_sample.n_regen IS 'Rows the user regenerated (fb_regen).';
+COMMENT ON COLUMN obs.arm_sample.n_edited IS 'Rows the user corrected (fb_edited).';
+COMMENT ON COLUMN obs.arm_sample.n_bad IS 'Rows with status error or partial.';
+COMMENT ON COLUMN obs.arm_sample.n_tokens IS
+  'Rows with a completion token count (tokens_out not NULL).';
+COMMENT ON COLUMN obs.arm_sample.tokens_out_avg IS 'Mean completion tokens over those rows.';
+COMMENT ON COLUMN obs.arm_sample.tokens_out_var IS
+  'Sample variance of completion tokens over those rows.';
+COMMENT ON COLUMN obs.arm_sample.n_ttft IS 'Rows with a time to first token (ttft_ms not NULL).';
+COMMENT ON COLUMN obs.arm_sample.ttft_p95 IS
+  '95th percentile of the time to first token, in ms (percentile_cont).';
+COMMENT ON COLUMN obs.arm_sample.ttft_threshold IS
+  'The time to first token the sample counts rows above, '
+  'in ms (the sampler''s p_ttft_threshold); NULL: none.';
+COMMENT ON COLUMN obs.arm_sample.n_ttft_over IS
+  'Rows slower than ttft_threshold (0 when it is NULL).';
+
 -- One adapter's rows of a tenant in [since, until); with p_experiment, only that experiment's
 -- rows and (p_control) only its control arm (variant A) or only its canary arms; with p_route,
 -- only that route's rows. p_ttft_threshold: count the rows slower than it.

@@ -23,6 +23,14 @@ SELECT c.relname::text AS name,
  WHERE i.inhparent = 'obs.inference_log'::regclass
    AND pg_get_expr(c.relpartbound, c.oid) <> 'DEFAULT';
 
+COMMENT ON COLUMN obs.inference_log_partition.name IS
+  'The partition''s table in schema obs: inference_log_<ISO year>w<ISO week>.';
+COMMENT ON COLUMN obs.inference_log_partition.from_at IS
+  'Start of its week, Monday 00:00 UTC (inclusive bound).';
+COMMENT ON COLUMN obs.inference_log_partition.to_at IS
+  'End of its week (exclusive bound): obs.drop_partitions '
+  'drops it once this is past the retention cutoff.';
+
 -- Create the week containing p_ts if missing. Rows of that week already sitting in DEFAULT are
 -- moved into the new partition in the same transaction, so creating a partition never fails
 -- because of them. Returns true if a partition was created.

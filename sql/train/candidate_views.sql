@@ -145,6 +145,89 @@ COMMENT ON MATERIALIZED VIEW train.kto_candidate IS
 COMMENT ON MATERIALIZED VIEW train.pair_candidate IS
   'DPO/ORPO/SimPO pairs (regenerate, edits) of consenting tenants, pii_flags = 0, last 180 days.';
 
+COMMENT ON COLUMN train.sft_candidate.prompt_log_id IS
+  'id of the edited obs.inference_log row; with prompt_created_at the view''s key.';
+COMMENT ON COLUMN train.sft_candidate.prompt_created_at IS
+  'created_at of that row (the rest of its primary key).';
+COMMENT ON COLUMN train.sft_candidate.log_ids IS
+  'ids of the log rows the example is built from (that one row).';
+COMMENT ON COLUMN train.sft_candidate.tenant_id IS
+  'The tenant whose traffic it is (consenting at the refresh).';
+COMMENT ON COLUMN train.sft_candidate.route IS 'The route called.';
+COMMENT ON COLUMN train.sft_candidate.rating IS
+  'The row''s thumbs (fb_explicit; 0 when unrated): a snapshot''s '
+  'dedup keeps the highest (rating, created_at, prompt_log_id).';
+COMMENT ON COLUMN train.sft_candidate.created_at IS
+  'When the call was made: a snapshot''s window filters on it.';
+COMMENT ON COLUMN train.sft_candidate.example IS
+  'The TRL sft example: {messages: the prompt and the '
+  'edited text as the assistant turn} (train.sft_example).';
+COMMENT ON COLUMN train.sft_candidate.example_hash IS
+  'sha256 of the example''s jsonb text (train.example_hash): '
+  'its identity and split bucket in a snapshot.';
+COMMENT ON COLUMN train.sft_candidate.dup_check_off IS
+  'Always NULL, so REFRESH ... CONCURRENTLY leaves every row out of its '
+  'whole-row duplicate search (useless here: each row has its own key).';
+
+COMMENT ON COLUMN train.kto_candidate.prompt_log_id IS
+  'id of the rated obs.inference_log row; with prompt_created_at the view''s key.';
+COMMENT ON COLUMN train.kto_candidate.prompt_created_at IS
+  'created_at of that row (the rest of its primary key).';
+COMMENT ON COLUMN train.kto_candidate.log_ids IS
+  'ids of the log rows the example is built from (that one row).';
+COMMENT ON COLUMN train.kto_candidate.tenant_id IS
+  'The tenant whose traffic it is (consenting at the refresh).';
+COMMENT ON COLUMN train.kto_candidate.route IS 'The route called.';
+COMMENT ON COLUMN train.kto_candidate.label IS
+  'The KTO label: true for thumbs up (fb_explicit 1), false for thumbs down (-1).';
+COMMENT ON COLUMN train.kto_candidate.rating IS
+  'fb_explicit as int (1 or -1): a snapshot''s dedup '
+  'keeps the highest (rating, created_at, prompt_log_id).';
+COMMENT ON COLUMN train.kto_candidate.created_at IS
+  'When the call was made: a snapshot''s window filters on it.';
+COMMENT ON COLUMN train.kto_candidate.example IS
+  'The TRL kto example: {prompt, completion: the answer '
+  'as the assistant turn, label} (train.kto_example).';
+COMMENT ON COLUMN train.kto_candidate.example_hash IS
+  'sha256 of the example''s jsonb text (train.example_hash): '
+  'its identity and split bucket in a snapshot.';
+COMMENT ON COLUMN train.kto_candidate.dup_check_off IS
+  'Always NULL, so REFRESH ... CONCURRENTLY leaves every row out of its '
+  'whole-row duplicate search (useless here: each row has its own key).';
+
+COMMENT ON COLUMN train.pair_candidate.source IS
+  'regen (a regenerated answer against its child) or '
+  'edit (the user''s edit against the original answer).';
+COMMENT ON COLUMN train.pair_candidate.prompt_log_id IS
+  'id of the rejected obs.inference_log row (the regenerated '
+  'one, or the edited one); its messages are the prompt.';
+COMMENT ON COLUMN train.pair_candidate.prompt_created_at IS
+  'created_at of that row (the rest of its primary key).';
+COMMENT ON COLUMN train.pair_candidate.chosen_log_id IS
+  'id of the row whose answer is chosen: the regenerated '
+  'row''s child (regen), or the edited row itself (edit).';
+COMMENT ON COLUMN train.pair_candidate.chosen_created_at IS 'created_at of the chosen row.';
+COMMENT ON COLUMN train.pair_candidate.log_ids IS
+  'ids of the log rows the pair is built from: rejected '
+  'and chosen (regen), or the edited row (edit).';
+COMMENT ON COLUMN train.pair_candidate.tenant_id IS
+  'The tenant whose traffic it is (consenting at the refresh).';
+COMMENT ON COLUMN train.pair_candidate.route IS 'The route called.';
+COMMENT ON COLUMN train.pair_candidate.rating IS
+  'The chosen row''s thumbs (fb_explicit; 0 when unrated): a snapshot''s '
+  'dedup keeps the highest (rating, created_at, prompt_log_id).';
+COMMENT ON COLUMN train.pair_candidate.created_at IS
+  'When the chosen row''s call was made: a snapshot''s window filters on it.';
+COMMENT ON COLUMN train.pair_candidate.example IS
+  'The TRL preference pair: {prompt, chosen, rejected}, '
+  'each answer as an assistant turn (train.pair_example).';
+COMMENT ON COLUMN train.pair_candidate.example_hash IS
+  'sha256 of the example''s jsonb text (train.example_hash): '
+  'its identity and split bucket in a snapshot.';
+COMMENT ON COLUMN train.pair_candidate.dup_check_off IS
+  'Always NULL, so REFRESH ... CONCURRENTLY leaves every row out of its '
+  'whole-row duplicate search (useless here: each row has its own key).';
+
 -- The views have no row-level security (PostgreSQL has none for materialised views): the API
 -- role reads them only through the snapshot functions, which pin the caller's tenant.
 REVOKE ALL ON train.sft_candidate, train.kto_candidate, train.pair_candidate FROM PUBLIC;

@@ -14,6 +14,21 @@ CREATE TABLE train.eval_calibration_case (
   created_at  timestamptz NOT NULL DEFAULT now()
 );
 CREATE INDEX eval_calibration_case_suite_idx ON train.eval_calibration_case (suite_id, id);
+COMMENT ON COLUMN train.eval_calibration_case.id IS
+  'The case''s number (train.judge_verdict.case_id); a calibration judges cases in this order.';
+COMMENT ON COLUMN train.eval_calibration_case.suite_id IS
+  'The judge suite whose calibration set it belongs to (train.eval_suite.id).';
+COMMENT ON COLUMN train.eval_calibration_case.messages IS
+  'The conversation that was answered (OpenAI chat messages).';
+COMMENT ON COLUMN train.eval_calibration_case.answer IS
+  'The answer people judged; the judge is shown the conversation and this answer.';
+COMMENT ON COLUMN train.eval_calibration_case.human_label IS
+  'People''s verdict under the suite''s rubric (true: '
+  'acceptable): the label of POST /v1/eval-suites.';
+COMMENT ON COLUMN train.eval_calibration_case.author IS
+  'Who added or last changed it, set by the database (train.current_author): '
+  'key <id> (<prefix>, role <role>), evaluator <id> or sql role <role>.';
+COMMENT ON COLUMN train.eval_calibration_case.created_at IS 'When the case was added.';
 
 -- One run of one judge (model + rubric version) over a suite's whole calibration set.
 CREATE TABLE train.judge_calibration (

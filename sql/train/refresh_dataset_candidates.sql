@@ -16,6 +16,15 @@ VALUES ('train.sft_candidate'), ('train.kto_candidate'), ('train.pair_candidate'
 COMMENT ON TABLE train.candidate_view_refresh IS
   'Each candidate view''s last refresh (train.refresh_dataset_candidates) and the snapshot it saw.';
 
+COMMENT ON COLUMN train.candidate_view_refresh.view_name IS
+  'The candidate view: train.sft_candidate, train.kto_candidate or train.pair_candidate.';
+COMMENT ON COLUMN train.candidate_view_refresh.refreshed_at IS
+  'When train.refresh_dataset_candidates last refreshed it (once that '
+  'call''s refreshes were done); NULL: never since this table was made.';
+COMMENT ON COLUMN train.candidate_view_refresh.seen IS
+  'The snapshot of committed transactions taken before that refresh began: obs.deleted_log '
+  'markers visible in it are accounted for by this view. NULL: never refreshed, so none are.';
+
 -- Written by the SECURITY DEFINER refresh only; dashboards may read when each view was refreshed.
 REVOKE ALL ON train.candidate_view_refresh FROM PUBLIC;
 GRANT SELECT ON train.candidate_view_refresh TO cft_dashboard;

@@ -167,6 +167,27 @@ COMMENT ON FUNCTION train.claim_training_run(text, interval, int, real, text, te
 COMMENT ON VIEW train.training_run_wait IS
   'Every queued run with why it waits: no live worker, which need no live worker meets, or all able workers busy.';
 
+COMMENT ON COLUMN train.training_run_wait.id IS 'The queued run (train.training_run.id).';
+COMMENT ON COLUMN train.training_run_wait.tenant_id IS 'The tenant it trains for.';
+COMMENT ON COLUMN train.training_run_wait.route IS 'The route its adapter is for.';
+COMMENT ON COLUMN train.training_run_wait.method IS 'sft, dpo, kto, orpo or simpo.';
+COMMENT ON COLUMN train.training_run_wait.priority IS 'Its priority: higher is claimed first.';
+COMMENT ON COLUMN train.training_run_wait.gpus IS 'Devices it needs in one worker.';
+COMMENT ON COLUMN train.training_run_wait.min_gpu_memory_gb IS
+  'Least memory it needs on each GPU, in GiB; NULL: any.';
+COMMENT ON COLUMN train.training_run_wait.device_kind IS
+  'cuda or cpu, the kind of device it needs; NULL: any.';
+COMMENT ON COLUMN train.training_run_wait.created_at IS 'When it was queued.';
+COMMENT ON COLUMN train.training_run_wait.waiting_for IS
+  'How long it has been queued (now() - created_at).';
+COMMENT ON COLUMN train.training_run_wait.able_workers IS
+  'Live trainer workers that meet all its needs (devices, memory per GPU, kind).';
+COMMENT ON COLUMN train.training_run_wait.able_workers_busy IS
+  'Of those, the ones holding a run with a live lease.';
+COMMENT ON COLUMN train.training_run_wait.reason IS
+  'Why it waits, in words: no live worker, which need no live worker '
+  'meets, every able worker busy, or claimable (idle able workers).';
+
 -- Renew a lease. Returns cancel_requested (true: stop), or NULL when the run is no longer
 -- this worker's (reclaimed by another, or finished): the caller must stop either way.
 CREATE OR REPLACE FUNCTION train.heartbeat_training_run(
