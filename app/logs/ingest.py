@@ -35,6 +35,7 @@ from typing import Any
 
 import orjson
 from psycopg import errors as pg_errors
+from psycopg.rows import tuple_row
 
 from app.core.config import Settings, get_settings
 from app.core.db import Connection, tenant_scope_sql
@@ -68,7 +69,9 @@ CREATE TEMP TABLE IF NOT EXISTS log_staging (
   created_at timestamptz
 ) ON COMMIT DELETE ROWS
 """
-_MOVE_ALL = """
+# The move of staged rows (in STAGING_COLUMNS) from {source}: the TEMP staging table, or the
+# JSON path's CTE.
+_MOVE_FROM = """
 INSERT INTO obs.inference_log (request_id, tenant_id, user_hash, route, adapter_id, model,
   experiment, variant, messages, completion, ttft_ms, tokens_in, tokens_out, embedding,
   parent_request_id, pii_flags, status, created_at)
@@ -76,9 +79,9 @@ SELECT s.request_id, %(tenant_id)s, s.user_hash, s.route, s.adapter_id, s.model,
        s.variant, s.messages, s.completion, s.ttft_ms, s.tokens_in, s.tokens_out,
        s.embedding::halfvec, s.parent_request_id, s.pii_flags, s.status,
        coalesce(s.created_at, now())
-  FROM log_staging s
+  FROM {source} s
 """
-_MOVE = _MOVE_ALL + " ORDER BY s.ord"
+_MOVE = _MOVE_FROM.format(source="log_staging") + " ORDER BY s.ord"
 # The ids of this batch that are already logged (an index probe per id, under row-level security).
 _EXISTING = """
 SELECT request_id::text AS request_id FROM obs.request_key
@@ -89,14 +92,15 @@ SELECT request_id::text AS request_id FROM obs.request_key
 # _MOVE with the key probe inside: the ids of the staged rows already logged are read with one
 # `= ANY` probe of obs.request_key's primary key (both ARRAYs are init plans, computed once: no
 # anti-join over the tenant's keys), and only the other rows are inserted.
-_MOVE_NEW = (
-    _MOVE_ALL
+_MOVE_NEW_FROM = (
+    _MOVE_FROM
     + """ WHERE s.request_id <> ALL (ARRAY(
    SELECT k.request_id FROM obs.request_key k
     WHERE k.tenant_id = %(tenant_id)s
-      AND k.request_id = ANY (ARRAY(SELECT request_id FROM log_staging))))
+      AND k.request_id = ANY (ARRAY(SELECT request_id FROM {source}))))
  ORDER BY s.ord"""
 )
+_MOVE_NEW = _MOVE_NEW_FROM.format(source="log_staging")
 # Linking every staged id, including ones logged before, is harmless: it only links what is
 # unlinked, so a row already linked is left as it is.
 _LINK_STAGED = (
@@ -167,29 +171,16 @@ def _statuses(request_ids: Sequence[str], inserted: set[str]) -> list[str]:
 
 # The JSON rows straight into the log, no staging table (COPY is what needs one: it cannot
 # write a table with row-level security): the rows are a MATERIALIZED CTE, read once for the
-# key probe and once for the INSERT. embedding and created_at are never set on this path (the
-# column defaults apply: NULL, now()).
-_INSERT_JSON_TAIL = """) INSERT INTO obs.inference_log (request_id, tenant_id, user_hash, route,
-  adapter_id, model, experiment, variant, messages, completion, ttft_ms, tokens_in, tokens_out,
-  parent_request_id, pii_flags, status)
-SELECT s.request_id, %(tenant_id)s, s.user_hash, s.route, s.adapter_id, s.model, s.experiment,
-       s.variant, s.messages, s.completion, s.ttft_ms, s.tokens_in, s.tokens_out,
-       s.parent_request_id, s.pii_flags, s.status
-  FROM s
- WHERE s.request_id <> ALL (ARRAY(
-   SELECT k.request_id FROM obs.request_key k
-    WHERE k.tenant_id = %(tenant_id)s AND k.request_id = ANY (ARRAY(SELECT request_id FROM s))))
- ORDER BY s.ord
-RETURNING request_id::text"""
+# key probe and once for the INSERT.
+_MOVE_NEW_JSON = _MOVE_NEW_FROM.format(source="staged") + " RETURNING request_id::text"
 
 
 def _stage_and_move(conn: Connection, tenant_id: int, select: str) -> set[str]:
-    tail = _INSERT_JSON_TAIL % {"tenant_id": int(tenant_id)}
-    with conn.cursor() as cur:
+    move = _MOVE_NEW_JSON % {"tenant_id": int(tenant_id)}
+    with conn.cursor(row_factory=tuple_row) as cur:
         # No parameters: psycopg sends the text as is (a % in a value is not a placeholder).
-        cur.execute(f"WITH s ({STAGING_COLUMNS}) AS MATERIALIZED ({select}{tail}")
-        rows = cur.fetchall()
-        inserted = {row[0] if isinstance(row, tuple) else row["request_id"] for row in rows}
+        cur.execute(f"WITH staged ({STAGING_COLUMNS}) AS MATERIALIZED ({select}) {move}")
+        inserted = {row[0] for row in cur.fetchall()}
         if inserted:
             cur.execute(
                 "SELECT obs.link_regenerations(%s, %s::uuid[])", (tenant_id, list(inserted))
@@ -295,8 +286,8 @@ def _staged_literals(prepared: Prepared) -> str:
 # STAGING_COLUMNS order less embedding and created_at, which the router never sets): the
 # client's encoding is one orjson.dumps, C-speed, instead of a Python literal per field.
 _FROM_JSON = """SELECT (r->>0)::int, (r->>1)::uuid, (r->>2)::bytea, r->>3, r->>4, r->>5, r->>6,
-       r->>7, r->8, r->>9, (r->>10)::int, (r->>11)::int, (r->>12)::int, NULL,
-       (r->>13)::uuid, (r->>14)::smallint, r->>15, NULL
+       r->>7, r->8, r->>9, (r->>10)::int, (r->>11)::int, (r->>12)::int, NULL::text,
+       (r->>13)::uuid, (r->>14)::smallint, r->>15, NULL::timestamptz
   FROM jsonb_array_elements(E'{}'::jsonb) r"""
 # Fields the JSON path takes; a record with any other field (embedding, created_at) goes
 # through the validator and the literals.

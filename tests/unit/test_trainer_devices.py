@@ -196,9 +196,8 @@ def test_offloading_keeps_the_allocator_cache(monkeypatch: pytest.MonkeyPatch) -
     plain = types.SimpleNamespace(maybe_activation_offload_context=offload_ctx())
     with plain.maybe_activation_offload_context:
         pass
-    assert emptied == [
-        True
-    ]  # TRL's own behaviour: if this fails, TRL changed and the patch is moot
+    # TRL's own behaviour: if this fails, TRL changed and the patch is moot
+    assert emptied == [True]
 
     emptied.clear()
     kept = types.SimpleNamespace(maybe_activation_offload_context=offload_ctx())
