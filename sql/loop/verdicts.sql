@@ -54,10 +54,12 @@ BEGIN
   p := loop.effective_policy(c.route);
   SELECT coalesce(r.experiment, r.name) INTO v_exp FROM serve.route r WHERE r.name = c.route;
   v_prod := serve.current_prod(c.route);
-  SELECT to_jsonb(x) INTO m FROM obs.experiment_compare(v_exp, c.canary_started_at, now(), p.decision_alpha) x
+  SELECT to_jsonb(x) INTO m FROM obs.experiment_compare(v_exp, c.canary_started_at, now(), p.decision_alpha,
+                                                  p_tenant_id => c.tenant_id) x
    WHERE x.canary_adapter = c.adapter_id AND x.metric = p.decision_metric
    ORDER BY x.n_canary DESC LIMIT 1;
-  SELECT to_jsonb(x) INTO g FROM obs.experiment_compare(v_exp, c.canary_started_at, now(), p.decision_alpha) x
+  SELECT to_jsonb(x) INTO g FROM obs.experiment_compare(v_exp, c.canary_started_at, now(), p.decision_alpha,
+                                                  p_tenant_id => c.tenant_id) x
    WHERE x.canary_adapter = c.adapter_id AND x.metric = 'regen_rate'
    ORDER BY x.n_canary DESC LIMIT 1;
   SELECT count(DISTINCT l.user_hash) INTO v_users FROM obs.inference_log l

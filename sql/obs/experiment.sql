@@ -30,13 +30,16 @@ COMMENT ON COLUMN obs.experiment.first_at IS 'When its first row was logged.';
 COMMENT ON COLUMN obs.experiment.last_at IS 'When its last row was logged.';
 
 CREATE OR REPLACE VIEW obs.experiment_arm_7d WITH (security_invoker = true) AS
-  SELECT a.*
+  SELECT e.tenant_id, a.*
     FROM obs.experiment e
-    CROSS JOIN LATERAL obs.experiment_arms(e.experiment, now() - interval '7 days', now()) a
+    CROSS JOIN LATERAL obs.experiment_arms(e.experiment, now() - interval '7 days', now(),
+                                           p_tenant_id => e.tenant_id) a
    WHERE e.last_at > now() - interval '7 days';
 COMMENT ON VIEW obs.experiment_arm_7d IS
   'obs.experiment_arms over the last 7 days for every recently active experiment (see that function for columns).';
 
+COMMENT ON COLUMN obs.experiment_arm_7d.tenant_id IS
+  'The tenant whose experiment it is (names are unique per tenant only).';
 COMMENT ON COLUMN obs.experiment_arm_7d.experiment IS 'The experiment (obs.experiment.experiment).';
 COMMENT ON COLUMN obs.experiment_arm_7d.variant IS
   'The arm''s variant: A = prod (the control), B.. = canaries.';
@@ -90,13 +93,16 @@ COMMENT ON COLUMN obs.experiment_arm_7d.last_at IS
   'When the arm''s last row in the window was logged.';
 
 CREATE OR REPLACE VIEW obs.experiment_compare_7d WITH (security_invoker = true) AS
-  SELECT c.*
+  SELECT e.tenant_id, c.*
     FROM obs.experiment e
-    CROSS JOIN LATERAL obs.experiment_compare(e.experiment, now() - interval '7 days', now()) c
+    CROSS JOIN LATERAL obs.experiment_compare(e.experiment, now() - interval '7 days', now(),
+                                              p_tenant_id => e.tenant_id) c
    WHERE e.last_at > now() - interval '7 days';
 COMMENT ON VIEW obs.experiment_compare_7d IS
   'obs.experiment_compare over the last 7 days (α 0.05, power 0.8) for every recently active experiment.';
 
+COMMENT ON COLUMN obs.experiment_compare_7d.tenant_id IS
+  'The tenant whose experiment it is (names are unique per tenant only).';
 COMMENT ON COLUMN obs.experiment_compare_7d.experiment IS
   'The experiment (obs.experiment.experiment).';
 COMMENT ON COLUMN obs.experiment_compare_7d.metric IS

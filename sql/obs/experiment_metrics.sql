@@ -6,12 +6,16 @@
 --     but COUNT(*) does not, so the sketch understated the error (by √(rated share));
 --   * arms are variant × adapter, not adapter alone (one adapter can serve two experiments);
 --   * the 95 % interval uses Student's t with n-1 degrees of freedom, not ±2 SE.
--- Every function runs as its caller: the API role (cft_app) sees only its tenant's rows.
+-- Every function runs as its caller: the API role (cft_app) sees only its tenant's rows. An
+-- experiment name is unique per tenant only: p_tenant_id (NULL = every tenant the caller can
+-- see) keeps one tenant's arms apart from another's for roles that read every tenant (the
+-- dashboard, release managers, the loop's own functions).
 
 -- One row per group; p_bucket NULL = the whole window, 'hour' or 'day' = one row per bucket.
 CREATE OR REPLACE FUNCTION obs.experiment_agg(p_experiment text, p_since timestamptz,
                                                  p_until timestamptz, p_bucket text,
-                                                 p_alpha float8 DEFAULT 0.05)
+                                                 p_alpha float8 DEFAULT 0.05,
+                                                 p_tenant_id int DEFAULT NULL)
 RETURNS TABLE (experiment text, bucket_at timestamptz, variant text, adapter_id text, route text,
                n bigint, n_error bigint, n_feedback bigint,
                feedback_mean float8, feedback_var float8, feedback_se float8,
@@ -47,7 +51,7 @@ LANGUAGE sql STABLE AS $$
            min(l.created_at) AS first_at, max(l.created_at) AS last_at
       FROM obs.inference_log l
      WHERE l.experiment = p_experiment AND l.created_at >= p_since AND l.created_at < p_until
-       AND l.variant IS NOT NULL
+       AND l.variant IS NOT NULL AND (p_tenant_id IS NULL OR l.tenant_id = p_tenant_id)
      GROUP BY 1, 2, 3, 4
   )
   SELECT g.experiment, g.bucket_at, g.variant, g.adapter_id, g.route, g.n, g.n_error, g.n_feedback,
@@ -70,7 +74,8 @@ $$;
 CREATE OR REPLACE FUNCTION obs.experiment_arms(p_experiment text,
                                                p_since timestamptz DEFAULT now() - interval '7 days',
                                                p_until timestamptz DEFAULT now(),
-                                               p_alpha float8 DEFAULT 0.05)
+                                               p_alpha float8 DEFAULT 0.05,
+                                               p_tenant_id int DEFAULT NULL)
 RETURNS TABLE (experiment text, variant text, adapter_id text, route text,
                n bigint, n_error bigint, n_feedback bigint,
                feedback_mean float8, feedback_var float8, feedback_se float8,
@@ -88,10 +93,11 @@ LANGUAGE sql STABLE AS $$
          a.n_regen, a.regen_rate, a.n_edited, a.edit_rate,
          a.n_ttft, a.ttft_avg, a.ttft_var, a.ttft_p50, a.ttft_p95,
          a.tokens_out_avg, a.tokens_out_sum, a.first_at, a.last_at
-    FROM obs.experiment_agg(p_experiment, p_since, p_until, NULL, p_alpha) a
+    FROM obs.experiment_agg(p_experiment, p_since, p_until, NULL, p_alpha, p_tenant_id) a
 $$;
-COMMENT ON FUNCTION obs.experiment_arms(text, timestamptz, timestamptz, float8) IS
-  'Per arm (variant × adapter) of an experiment in [since, until): n = rows; n_feedback = rows with '
+COMMENT ON FUNCTION obs.experiment_arms(text, timestamptz, timestamptz, float8, int) IS
+  'Per arm (variant × adapter) of an experiment in [since, until), of one tenant (p_tenant_id; '
+  'NULL = every tenant the caller sees): n = rows; n_feedback = rows with '
   'explicit feedback; feedback_mean/var/se over those, CI = mean ± t(1-α/2, n_feedback-1)·se; '
   'thumbs_up_rate = thumbs up / n_feedback with a Wilson interval; regen_rate, edit_rate = share of '
   'all rows; ttft_* over rows with a ttft (percentile_cont); tokens_out_*; first_at/last_at.';
@@ -101,7 +107,8 @@ CREATE OR REPLACE FUNCTION obs.experiment_series(p_experiment text,
                                                  p_since timestamptz DEFAULT now() - interval '7 days',
                                                  p_until timestamptz DEFAULT now(),
                                                  p_bucket text DEFAULT 'hour',
-                                                 p_alpha float8 DEFAULT 0.05)
+                                                 p_alpha float8 DEFAULT 0.05,
+                                                 p_tenant_id int DEFAULT NULL)
 RETURNS TABLE (experiment text, bucket_at timestamptz, variant text, adapter_id text,
                n bigint, n_feedback bigint, feedback_mean float8,
                feedback_ci_low float8, feedback_ci_high float8,
@@ -118,11 +125,12 @@ BEGIN
          a.feedback_ci_low, a.feedback_ci_high, a.thumbs_up_rate, a.thumbs_up_ci_low,
          a.thumbs_up_ci_high, a.regen_rate, a.edit_rate, a.ttft_avg, a.ttft_p50, a.ttft_p95,
          a.tokens_out_avg
-    FROM obs.experiment_agg(p_experiment, p_since, p_until, p_bucket, p_alpha) a;
+    FROM obs.experiment_agg(p_experiment, p_since, p_until, p_bucket, p_alpha, p_tenant_id) a;
 END
 $$;
-COMMENT ON FUNCTION obs.experiment_series(text, timestamptz, timestamptz, text, float8) IS
-  'experiment_arms per hour or day (bucket_at = date_trunc(bucket, created_at)), for plots.';
+COMMENT ON FUNCTION obs.experiment_series(text, timestamptz, timestamptz, text, float8, int) IS
+  'experiment_arms per hour or day (bucket_at = date_trunc(bucket, created_at)), for plots; '
+  'p_tenant_id as there.';
 
 -- Canary versus prod: one row per canary arm and metric.
 CREATE OR REPLACE FUNCTION obs.experiment_compare(p_experiment text,
@@ -131,7 +139,8 @@ CREATE OR REPLACE FUNCTION obs.experiment_compare(p_experiment text,
                                                   p_alpha float8 DEFAULT 0.05,
                                                   p_power float8 DEFAULT 0.8,
                                                   p_mde_mean float8 DEFAULT 0.1,
-                                                  p_mde_rate float8 DEFAULT 0.05)
+                                                  p_mde_rate float8 DEFAULT 0.05,
+                                                  p_tenant_id int DEFAULT NULL)
 RETURNS TABLE (experiment text, metric text, test text, higher_is_better boolean,
                control_variant text, control_adapter text, canary_variant text, canary_adapter text,
                n_control bigint, n_canary bigint, control_value float8, canary_value float8,
@@ -140,7 +149,7 @@ RETURNS TABLE (experiment text, metric text, test text, higher_is_better boolean
                mde float8, power float8, n_required_per_arm bigint, n_more_needed bigint)
 LANGUAGE sql STABLE AS $$
   WITH arms AS (
-    SELECT * FROM obs.experiment_arms(p_experiment, p_since, p_until, p_alpha)
+    SELECT * FROM obs.experiment_arms(p_experiment, p_since, p_until, p_alpha, p_tenant_id)
   ), control AS (
     SELECT * FROM arms WHERE arms.variant = 'A' ORDER BY arms.n DESC, arms.adapter_id LIMIT 1
   ), pairs AS (
@@ -221,7 +230,7 @@ LANGUAGE sql STABLE AS $$
       END AS n) n_req
    ORDER BY f.kv, f.ka, f.metric
 $$;
-COMMENT ON FUNCTION obs.experiment_compare(text, timestamptz, timestamptz, float8, float8, float8, float8) IS
+COMMENT ON FUNCTION obs.experiment_compare(text, timestamptz, timestamptz, float8, float8, float8, float8, int) IS
   'Each canary arm (variant <> ''A'') against the control (the ''A'' arm with the most rows), one row '
   'per metric. diff = canary - control. feedback_mean and ttft_avg: Welch''s t-test (statistic = t, '
   'df = Welch-Satterthwaite, CI = diff ± t(1-α/2, df)·se); thumbs_up_rate (of rated rows), '
@@ -229,4 +238,4 @@ COMMENT ON FUNCTION obs.experiment_compare(text, timestamptz, timestamptz, float
   'CI); ttft_p95: no test. The CI level is 1-α, so it excludes 0 exactly when p < α. '
   'canary_better follows higher_is_better. n_required_per_arm detects an effect of mde '
   '(p_mde_mean for means, p_mde_rate for rates, absolute) at α and power; n_more_needed = what the '
-  'smaller arm still lacks.';
+  'smaller arm still lacks. p_tenant_id: one tenant''s arms (NULL = every tenant the caller sees).';

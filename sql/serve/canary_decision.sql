@@ -192,7 +192,8 @@ BEGIN
      WHERE x.metric = pol.metric;
     g := serve.guard_verdicts(v_cmp, pol);
     SELECT to_jsonb(x) INTO v_fixed
-      FROM obs.experiment_compare(v_exp, v_until - pol.window_size, v_until, pol.alpha) x
+      FROM obs.experiment_compare(v_exp, v_until - pol.window_size, v_until, pol.alpha,
+                                 p_tenant_id => v_rt.tenant_id) x
      WHERE x.canary_adapter = v_canary AND x.metric = pol.metric
      ORDER BY x.n_canary DESC LIMIT 1;
     v_n := least((m->>'n_control')::bigint, (m->>'n_canary')::bigint);

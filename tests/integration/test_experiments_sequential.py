@@ -321,3 +321,35 @@ def test_msprt_of_a_zero_variance_from_plpgsql_is_null_not_an_error(conn: Any) -
     )
     row = conn.execute("SELECT * FROM stats.msprt(0.5, 0.01, 0.05, 0.05)").fetchone()
     assert 0.09 < row["p_value"] < 0.095 and row["ci_low"] < 0 < row["ci_high"]
+
+
+def test_another_tenants_experiment_of_the_same_name_stays_out_of_the_numbers(conn: Any) -> None:
+    """Experiment names are unique per tenant only: another tenant logging three times the 'A'
+    rows under this route's experiment name neither becomes the control of its fixed-horizon
+    numbers nor enters its arms, while the name-only call (a dashboard's) still sees both."""
+    w = _world(conn)
+    _exact(conn, w, w["prod"], "A", n=1000, up=500)
+    _exact(conn, w, w["canary"], "B", n=1000, up=560)
+    other = make_tenant(conn)
+    intruder = {"tenant": other["id"], "route": w["route"]}
+    conn.execute(
+        "INSERT INTO serve.route (name, tenant_id, base_model, experiment)"
+        " VALUES ('other-route', %s, 'smollm2-135m-instruct', %s)",
+        (other["id"], w["route"]),
+    )
+    _exact(conn, intruder, "intruder-prod", "A", n=3000, up=100)
+
+    [c] = conn.execute("SELECT * FROM serve.canary_decision(%s)", (w["route"],)).fetchall()
+    fixed = c["numbers"]["fixed_horizon"]
+    assert (fixed["control_adapter"], fixed["n_control"]) == (w["prod"], 1000)
+    mine = conn.execute(
+        "SELECT adapter_id, n FROM obs.experiment_arms(%s, now() - interval '1 day', now(),"
+        " p_tenant_id => %s) ORDER BY adapter_id",
+        (w["route"], w["tenant"]),
+    ).fetchall()
+    assert {(r["adapter_id"], r["n"]) for r in mine} == {(w["canary"], 1000), (w["prod"], 1000)}
+    both = conn.execute(
+        "SELECT count(*) AS n FROM obs.experiment_arms(%s, now() - interval '1 day', now())",
+        (w["route"],),
+    ).fetchone()
+    assert both["n"] == 3

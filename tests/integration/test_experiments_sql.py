@@ -234,6 +234,41 @@ def test_dashboard_role_reads_and_app_role_is_tenant_scoped(conn: Any) -> None:
         assert (
             conn.execute("SELECT count(*) AS n FROM obs.experiment_compare_7d").fetchone()["n"] == 6
         )
+    # A third tenant names its experiment the same: the dashboard sees two experiments, each
+    # with its own arms and comparisons, never one tenant's rows in the other's numbers.
+    third = make_tenant(conn)
+    route = make_route(conn, tenant_id=third["id"], experiment=EXP)
+    for variant, adapter, p_up in (("A", "third-prod", 0.9), ("B", "third-canary", 0.1)):
+        make_traffic(
+            conn,
+            tenant_id=third["id"],
+            route=route["name"],
+            experiment=EXP,
+            variant=variant,
+            adapter_id=adapter,
+            n=50,
+            p_up=p_up,
+            seed=0.3,
+        )
+    with conn.transaction():
+        conn.execute("SET LOCAL ROLE cft_dashboard")
+        arms = conn.execute(
+            "SELECT tenant_id, adapter_id, n FROM obs.experiment_arm_7d ORDER BY 1, 2"
+        ).fetchall()
+        assert [tuple(r.values()) for r in arms] == [
+            (s["tenant"]["id"], "ab-canary", 200),
+            (s["tenant"]["id"], "ab-prod", 200),
+            (third["id"], "third-canary", 50),
+            (third["id"], "third-prod", 50),
+        ]
+        cmp = conn.execute(
+            "SELECT tenant_id, control_adapter, canary_adapter"
+            " FROM obs.experiment_compare_7d WHERE metric = 'thumbs_up_rate' ORDER BY 1"
+        ).fetchall()
+        assert [tuple(r.values())[:3] for r in cmp] == [
+            (s["tenant"]["id"], "ab-prod", "ab-canary"),
+            (third["id"], "third-prod", "third-canary"),
+        ]
     for tenant_id, expected in ((s["tenant"]["id"], 1), (other["id"], 0)):
         with conn.transaction():
             conn.execute("SET LOCAL ROLE cft_app")
@@ -250,21 +285,44 @@ def test_grafana_dashboard_queries_run_as_dashboard_role(conn: Any) -> None:
     import re
     from pathlib import Path
 
-    _setup(conn, p_a=0.5, p_b=0.6, n=300)
+    s = _setup(conn, p_a=0.5, p_b=0.6, n=300)
+    # Another tenant's experiment of the same name: the panels show the chosen tenant's only.
+    other = make_tenant(conn)
+    route = make_route(conn, tenant_id=other["id"], experiment=EXP)
+    make_traffic(
+        conn,
+        tenant_id=other["id"],
+        route=route["name"],
+        experiment=EXP,
+        variant="A",
+        adapter_id="other-prod",
+        n=900,
+        p_up=0.1,
+    )
     dash = json.loads((Path(__file__).resolve().parents[2] / "deploy/grafana/cft.json").read_text())
-    sqls = [t["rawSql"] for p in dash["panels"] for t in p["targets"]]
-    sqls += [v["query"] for v in dash["templating"]["list"] if v["type"] == "query"]
-    assert len(sqls) >= 8
+    panels = {p["title"]: [t["rawSql"] for t in p["targets"]] for p in dash["panels"]}
+    variables = {v["name"]: v["query"] for v in dash["templating"]["list"] if v["type"] == "query"}
+    assert len(panels) >= 8 and set(variables) == {"tenant", "experiment"}
     subs = {
         "$__timeFrom()": "(now() - interval '30 days')",
         "$__timeTo()": "(now() + interval '1 minute')",
+        "$tenant": s["tenant"]["name"],
         "$experiment": EXP,
         "$bucket": "hour",
     }
+
+    def run(sql: str) -> list[dict[str, Any]]:
+        for k, v in subs.items():
+            sql = sql.replace(k, v)
+        sql = re.sub(r"\$__timeFilter\((\w+)\)", r"\1 > now() - interval '30 days'", sql)
+        return conn.execute(sql).fetchall()  # type: ignore[no-any-return]
+
     with conn.transaction():
         conn.execute("SET LOCAL ROLE cft_dashboard")
-        for sql in sqls:
-            for k, v in subs.items():
-                sql = sql.replace(k, v)
-            sql = re.sub(r"\$__timeFilter\((\w+)\)", r"\1 > now() - interval '30 days'", sql)
-            conn.execute(sql).fetchall()
+        results = {title: [run(sql) for sql in sqls] for title, sqls in panels.items()}
+        assert [r["experiment"] for r in run(variables["experiment"])] == [EXP]
+        assert {s["tenant"]["name"], other["name"]} <= {r["name"] for r in run(variables["tenant"])}
+    [arms] = results["Arms (obs.experiment_arms)"]
+    assert sorted((r["adapter_id"], r["n"]) for r in arms) == [("ab-canary", 300), ("ab-prod", 300)]
+    [cmp] = results["Significance: canary vs prod (obs.experiment_compare)"]
+    assert {r["prod"] for r in cmp} == {"ab-prod"}
