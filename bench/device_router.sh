@@ -25,6 +25,8 @@
 # Usage: bench/device_router.sh [N=2]
 # Environment (for local tests): PYTHON (python3), SKIP_INSTALL=1 (use PYTHON's own packages),
 # SITE (/tmp/site), ROUTER_ARGS, PROMO_ARGS, FORCE_PIN=1 (pin even with fewer than 16 CPUs),
+# ROUTER_ENVS (assignments, e.g. "CFT_ROUTER_LOG_PROCESS=true CFT_ROUTER_LOG_PROCESS=false": each
+# of the N router runs then runs once per assignment, in that order, for A/B in one call),
 # BENCH_CPUS API_CPUS STUB_CPUS PG_CPUS LOOP_CPU PROMO_CPUS (the CPU lists above).
 set -euo pipefail
 
@@ -129,7 +131,10 @@ watch_bench() { # watch_bench BENCH_PID SNAP_S: find API, stub, PostgreSQL; re-p
       read -r pm <"$pgdata/postmaster.pid" || true
     fi
     if [[ $PIN == 1 ]]; then
-      [[ -n $api ]] && pin "$API_CPUS" "$api"
+      if [[ -n $api ]]; then
+        pin "$API_CPUS" "$api"
+        for c in $(children "$api"); do pin "$API_CPUS" "$c"; done # the router's log process
+      fi
       [[ -n $stub ]] && pin "$STUB_CPUS" "$stub"
       if [[ -n $pm ]]; then
         pin "$PG_CPUS" "$pm"
@@ -143,6 +148,8 @@ watch_bench() { # watch_bench BENCH_PID SNAP_S: find API, stub, PostgreSQL; re-p
       show bench "$bench"
       [[ -n $stub ]] && show stub "$stub"
       show api "$api"
+      # shellcheck disable=SC2046  # one word per child pid
+      [[ -n $(children "$api") ]] && show api-child $(children "$api")
       if [[ -n $pm ]]; then
         # shellcheck disable=SC2046  # one word per child pid
         show postgres "$pm" $(children "$pm")
@@ -184,9 +191,12 @@ run_bench() { # run_bench CPUS SNAP_S script args...: one bench process, watched
 }
 
 for i in $(seq 1 "$N"); do
-  echo
-  echo "== router run $i/$N: bench/router.py $ROUTER_ARGS (bench on CPUs $BENCH_CPUS)"
-  run_bench "$BENCH_CPUS" 6 bench/router.py "$ROUTER_ARGS"
+  for assignment in ${ROUTER_ENVS:-""}; do
+    [[ -n $assignment ]] && export "${assignment?}"
+    echo
+    echo "== router run $i/$N ${assignment:+[$assignment] }: bench/router.py $ROUTER_ARGS (bench on CPUs $BENCH_CPUS)"
+    run_bench "$BENCH_CPUS" 6 bench/router.py "$ROUTER_ARGS"
+  done
 done
 echo
 echo "== promotion: bench/promotion.py $PROMO_ARGS (bench on CPUs $PROMO_CPUS)"

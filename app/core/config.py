@@ -77,6 +77,11 @@ class Settings(BaseSettings):
     router_key_cache_ttl: float = Field(
         5.0, description="Seconds the router caches an API key lookup (revocation delay bound)."
     )
+    router_log_process: bool = Field(
+        True,
+        description="The router writes its logs from a child process (keeps that work off the"
+        " serving process's GIL); false = a thread of the router.",
+    )
     eval_judge_url: str | None = Field(
         None, description="OpenAI-compatible base URL of an LLM judge; unset = no judging."
     )

@@ -24,6 +24,7 @@ from app.core.metrics import ROUTER_REQUESTS, ROUTING_DECISIONS, child
 from app.gateway import request as call
 from app.gateway.assign import Assignment, RouteState
 from app.gateway.engines import ENGINE_ERRORS
+from app.gateway.logsink import TENANT_KEY
 from app.gateway.logwriter import LogWriter
 from app.gateway.relay import Stream, engine_error, relay
 from app.gateway.service import RouterRuntime
@@ -49,7 +50,7 @@ async def proxy(request: Request, key: ApiKey, kind: str) -> Response:
     request_id = call.request_id(request)
     stream = bool(body.get("stream"))
     record: dict[str, Any] = {
-        "_tenant_id": key.tenant_id,
+        TENANT_KEY: key.tenant_id,
         "request_id": request_id,
         "route": route_name,
         "model": state.base_model,

@@ -10,27 +10,22 @@ import asyncio
 import gc
 import sys
 import time
-from collections import defaultdict
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from functools import lru_cache
 from typing import Any, Protocol
 
-import psycopg
-from psycopg.rows import dict_row
-
 from app.core.auth import ApiKey, hash_key
 from app.core.config import Settings
-from app.core.db import Connection, Pool
+from app.core.db import Pool
 from app.core.metrics import LOG_QUEUE_DEPTH, ROUTER_LOG_DROPPED
 from app.core.pseudonym import user_hash, user_secret
 from app.gateway.engines import EnginePool, EngineState
+from app.gateway.logprocess import PermanentLogError, ProcessSink
+from app.gateway.logsink import PERMANENT_LOG_ERRORS, LogSink
 from app.gateway.logwriter import LogWriter
 from app.gateway.table import RouteTable
-from app.logs import service as logs
-from app.logs.validation import InvalidRecord
 
-TENANT_KEY = "_tenant_id"
 # Users whose pseudonym the router keeps (an HMAC per call is ~2 µs; a hit is a dict lookup).
 USER_CACHE = 100_000
 # GIL switch interval while the router runs. The log writer, the route listener and the
@@ -67,7 +62,7 @@ class RouterRuntime:
     reconciler: Reconciler | None = None
     key_ttl: float = 5.0
     switch_interval: float | None = None  # the interpreter's value before start(), restored
-    sink: LogSink | None = None  # the log writer's sink (its connection is closed at stop)
+    sink: LogSink | ProcessSink | None = None  # the log writer's sink (closed at stop)
     # key hash -> (fresh until, key); hashes being re-checked; when a failed re-check may be
     # tried again.
     _keys: dict[bytes, tuple[float, ApiKey]] = field(default_factory=dict)
@@ -140,74 +135,6 @@ class RouterRuntime:
         self._keys[digest] = (time.monotonic() + self.key_ttl, key)
 
 
-class LogSink:
-    """The LogWriter's sink: one transaction per tenant, idempotent by request_id, over one
-    kept connection of its own, in one round trip per tenant (`logs.log_batch`). At low rates
-    every call is a batch of its own, so a batch's cost is a large part of a call's: a pooled
-    connection per batch added the pool's liveness check and checkout, and the ~11 round trips
-    of `logs.log_records` cost the router 2x the CPU (BENCHMARKS.md, "Router against LiteLLM
-    (issue 26)"). A failed batch drops the connection; the writer's retry opens a new one."""
-
-    def __init__(self, url: str, settings: Settings) -> None:
-        self.url = url
-        self.settings = settings
-        self.secret = user_secret(settings)
-        # Encoded pseudonyms kept across batches: an HMAC per record was a third of the
-        # batch's Python at 50 users (`logs.log_batch`).
-        self.user_hashes: dict[str, str] = {}
-        self._conn: Connection | None = None
-
-    def __call__(self, batch: list[dict[str, Any]]) -> None:
-        by_tenant: dict[int, list[dict[str, Any]]] = defaultdict(list)
-        for record in batch:
-            rec = dict(record)
-            by_tenant[int(rec.pop(TENANT_KEY))].append(rec)
-        conn = self._conn
-        if conn is None or conn.closed:
-            # prepare_threshold=None: every batch is a new text, so psycopg's count of texts
-            # towards preparing them is pure cost.
-            conn = self._conn = psycopg.connect(
-                self.url,
-                autocommit=True,
-                row_factory=dict_row,
-                application_name="cft-router-logs",
-                prepare_threshold=None,
-            )
-        try:
-            for tenant_id, records in by_tenant.items():
-                logs.log_batch(
-                    conn,
-                    tenant_id=tenant_id,
-                    records=records,
-                    settings=self.settings,
-                    secret=self.secret,
-                    user_hashes=self.user_hashes,
-                )
-        except BaseException:
-            # Closing also rolls back the tenant's transaction if it is still open.
-            self.close()
-            raise
-
-    def close(self) -> None:
-        """Close the kept connection (the next batch opens another)."""
-        conn, self._conn = self._conn, None
-        if conn is not None:
-            conn.close()
-
-
-# Errors a retry of the same record cannot fix: the validator's (a backend's completion it cannot
-# store, say), and the server's refusal of the data itself (e.g. the tenant was offboarded: a
-# foreign key). Not unique_violation: a concurrent write of the same request id raises it, and
-# the retry finds that row and skips it (`logs.log_batch`).
-PERMANENT_LOG_ERRORS: tuple[type[Exception], ...] = (
-    InvalidRecord,
-    psycopg.errors.DataError,
-    psycopg.errors.ForeignKeyViolation,
-    psycopg.errors.CheckViolation,
-    psycopg.errors.NotNullViolation,
-)
-
-
 def _log_dropped(record: dict[str, Any], exc: Exception) -> None:
     ROUTER_LOG_DROPPED.labels(getattr(exc, "reason", type(exc).__name__)).inc()
 
@@ -230,8 +157,15 @@ def start(
     table.start()
     if running is not None:
         running.start()
-    sink = LogSink(db_url, settings)
-    writer = LogWriter(sink, permanent=PERMANENT_LOG_ERRORS, on_drop=_log_dropped)
+    sink: LogSink | ProcessSink
+    if settings.router_log_process:
+        sink = ProcessSink(db_url, settings)
+        sink.start()
+    else:
+        sink = LogSink(db_url, settings)
+    writer = LogWriter(
+        sink, permanent=(*PERMANENT_LOG_ERRORS, PermanentLogError), on_drop=_log_dropped
+    )
     writer.start()
     LOG_QUEUE_DEPTH.set_function(lambda: writer.pending)
     runtime = RouterRuntime(

@@ -252,26 +252,33 @@ def test_json_path_hands_what_it_cannot_encode_exactly_to_the_validator(db_url, 
     assert n["n"] == 2 * sum(valid for _, valid in _refused(r["name"]))
 
 
-def test_a_record_that_can_never_be_stored_is_dropped_alone_and_counted(db_url, conn):
+@pytest.mark.parametrize("in_process", [True, False], ids=["thread", "log-process"])
+def test_a_record_that_can_never_be_stored_is_dropped_alone_and_counted(db_url, conn, in_process):
     """A served call whose record the sink can never write (here a backend's completion with a
     NUL) must not block the router's log writer: the others land, that one is dropped and
-    counted, and close() returns."""
+    counted, and close() returns; the same through the log process, where the error crosses
+    the pipe."""
     import asyncio
 
     from app.core.metrics import ROUTER_LOG_DROPPED
+    from app.gateway.logprocess import PermanentLogError, ProcessSink
+    from app.gateway.logsink import PERMANENT_LOG_ERRORS, TENANT_KEY, LogSink
     from app.gateway.logwriter import LogWriter
-    from app.gateway.service import PERMANENT_LOG_ERRORS, TENANT_KEY, LogSink, _log_dropped
+    from app.gateway.service import _log_dropped
 
     t = make_tenant(conn)
     r = make_route(conn, tenant_id=t["id"])
     good = [record(r["name"]) | {TENANT_KEY: t["id"]} for _ in range(6)]
     bad = record(r["name"], completion="a NUL \x00 from the engine") | {TENANT_KEY: t["id"]}
     before = ROUTER_LOG_DROPPED.labels("nul")._value.get()
-    sink = LogSink(db_url, get_settings())
+    sink = LogSink(db_url, get_settings()) if in_process else ProcessSink(db_url, get_settings())
 
     async def main() -> LogWriter:
         writer = LogWriter(
-            sink, max_delay=0.05, permanent=PERMANENT_LOG_ERRORS, on_drop=_log_dropped
+            sink,
+            max_delay=0.05,
+            permanent=(*PERMANENT_LOG_ERRORS, PermanentLogError),
+            on_drop=_log_dropped,
         )
         writer.start()
         for rec in [*good[:3], bad, *good[3:]]:

@@ -9,7 +9,7 @@ import psycopg
 import pytest
 
 from app.core.config import get_settings
-from app.gateway.service import TENANT_KEY, LogSink
+from app.gateway.logsink import TENANT_KEY, LogSink
 from app.gateway.table import RouteTable, load_route
 from tests.support.factories import make_adapter, make_route, make_tenant
 

@@ -120,7 +120,7 @@ def test_the_routers_permanent_errors_leave_a_concurrent_duplicate_to_the_retry(
     the retry finds the row and skips it."""
     import psycopg
 
-    from app.gateway.service import PERMANENT_LOG_ERRORS
+    from app.gateway.logsink import PERMANENT_LOG_ERRORS
 
     calls: list[int] = []
 

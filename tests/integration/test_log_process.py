@@ -1,0 +1,93 @@
+"""The router's log writer through its child process (app/gateway/logprocess.py): a killed
+child loses nothing and close() ends the child. (A record it can never store:
+test_log_batch.py, both sinks.)"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import signal
+import time
+import uuid
+from typing import Any
+
+from app.core.config import get_settings
+from app.gateway.logprocess import PermanentLogError, ProcessSink
+from app.gateway.logsink import PERMANENT_LOG_ERRORS, TENANT_KEY
+from app.gateway.logwriter import LogWriter
+from tests.support.factories import make_route, make_tenant
+
+
+def _records(tenant_id: int, route: str, n: int) -> list[dict[str, Any]]:
+    return [
+        {
+            TENANT_KEY: tenant_id,
+            "request_id": str(uuid.uuid4()),
+            "route": route,
+            "messages": [{"role": "user", "content": f"q{i}"}],
+            "completion": f"a{i}",
+            "user": f"u{i % 3}",
+            "status": "ok",
+        }
+        for i in range(n)
+    ]
+
+
+def _stored(conn: Any, records: list[dict[str, Any]]) -> int:
+    ids = [r["request_id"] for r in records]
+    row = conn.execute(
+        "SELECT count(*) AS n FROM obs.inference_log WHERE request_id = ANY(%s::uuid[])", (ids,)
+    ).fetchone()
+    return int(row["n"])
+
+
+def _gone(pid: int, timeout: float = 10.0) -> bool:
+    """The process has exited and been reaped."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        try:
+            os.kill(pid, 0)
+        except ProcessLookupError:
+            return True
+        time.sleep(0.05)
+    return False
+
+
+def test_a_killed_log_process_loses_nothing_and_close_ends_the_next(db_url, conn):
+    t = make_tenant(conn)
+    r = make_route(conn, tenant_id=t["id"])
+    first, second = _records(t["id"], r["name"], 5), _records(t["id"], r["name"], 7)
+    sink = ProcessSink(db_url, get_settings())
+    sink.start()
+
+    async def main() -> tuple[LogWriter, int]:
+        writer = LogWriter(
+            sink,
+            max_delay=0.01,
+            max_backoff=0.2,
+            permanent=(*PERMANENT_LOG_ERRORS, PermanentLogError),
+        )
+        writer.start()
+        for rec in first:
+            writer.submit(rec)
+        assert await asyncio.to_thread(writer.wait_written, first[-1]["request_id"], 30.0)
+        killed = sink.pid
+        assert killed is not None
+        os.kill(killed, signal.SIGKILL)
+        for rec in second:
+            writer.submit(rec)
+        assert await asyncio.to_thread(writer.wait_written, second[-1]["request_id"], 30.0)
+        await asyncio.wait_for(writer.close(), 30.0)
+        return writer, killed
+
+    try:
+        writer, killed = asyncio.run(main())
+        # Every record written once, by the first child or by the one started after the kill.
+        assert writer.written == 12 and writer.dropped == 0
+        assert _stored(conn, first + second) == 12
+        assert sink.restarts == 1
+        survivor = sink.pid
+        assert survivor is not None and survivor != killed
+    finally:
+        sink.close()
+    assert sink.pid is None and _gone(survivor)
