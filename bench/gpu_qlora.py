@@ -202,7 +202,7 @@ SFT_CANDIDATES: dict[str, dict[str, Any]] = {
     "default-emptycache": dict(_empty_cache=True),
     "compiled-30steps": dict(compile_layers=True, max_steps=30),
     # next: TRL's offloading also syncs the host with both streams at the end of each micro-batch;
-    # `_exit_wait_stream` makes the streams wait for each other on the device instead (not run yet)
+    # `_exit_wait_stream` makes the streams wait for each other on the device instead (round 7: no gain)
     "compiled-exit-wait": dict(compile_layers=True, _exit_wait_stream=True),
     "default-exit-wait": dict(_exit_wait_stream=True),
     # the product path since round 5: `compile_layers` (auto only for runs of >= 200 steps; forced here)
