@@ -271,7 +271,11 @@ def test_a_record_that_can_never_be_stored_is_dropped_alone_and_counted(db_url, 
     good = [record(r["name"]) | {TENANT_KEY: t["id"]} for _ in range(6)]
     bad = record(r["name"], completion="a NUL \x00 from the engine") | {TENANT_KEY: t["id"]}
     before = ROUTER_LOG_DROPPED.labels("nul")._value.get()
-    sink = LogSink(db_url, get_settings()) if in_process else ProcessSink(db_url, get_settings())
+    sink = (
+        LogSink(db_url, get_settings())
+        if in_process
+        else ProcessSink(db_url, get_settings(), inline_max=0)
+    )
 
     async def main() -> LogWriter:
         writer = LogWriter(

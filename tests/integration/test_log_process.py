@@ -57,7 +57,7 @@ def test_a_killed_log_process_loses_nothing_and_close_ends_the_next(db_url, conn
     t = make_tenant(conn)
     r = make_route(conn, tenant_id=t["id"])
     first, second = _records(t["id"], r["name"], 5), _records(t["id"], r["name"], 7)
-    sink = ProcessSink(db_url, get_settings())
+    sink = ProcessSink(db_url, get_settings(), inline_max=0)
     sink.start()
 
     async def main() -> tuple[LogWriter, int]:
@@ -91,3 +91,21 @@ def test_a_killed_log_process_loses_nothing_and_close_ends_the_next(db_url, conn
     finally:
         sink.close()
     assert sink.pid is None and _gone(survivor)
+
+
+def test_small_batches_are_written_inline_and_larger_ones_by_the_child(db_url, conn):
+    t = make_tenant(conn)
+    r = make_route(conn, tenant_id=t["id"])
+    small, large = _records(t["id"], r["name"], 4), _records(t["id"], r["name"], 5)
+    sink = ProcessSink(db_url, get_settings(), inline_max=4)
+    try:
+        sink(small)
+        assert sink.pid is None  # no child was needed
+        assert _stored(conn, small) == 4
+        sink(large)
+        assert sink.pid is not None
+        assert _stored(conn, large) == 5
+        sink(small)  # written before: nothing twice
+        assert _stored(conn, small) == 4
+    finally:
+        sink.close()
