@@ -159,8 +159,9 @@ def start(
         running.start()
     sink: LogSink | ProcessSink
     if settings.router_log_process:
+        # The child starts with the first batch of more than INLINE_MAX records: a router that
+        # never sees one (low traffic) runs no second process.
         sink = ProcessSink(db_url, settings)
-        sink.start()
     else:
         sink = LogSink(db_url, settings)
     writer = LogWriter(
