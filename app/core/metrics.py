@@ -68,6 +68,11 @@ ROUTER_LOG_DROPPED = Counter(
     ["reason"],
     registry=REGISTRY,
 )
+ROUTER_LOG_PROCESS_RESTARTS = Counter(
+    "cft_router_log_process_restarts_total",
+    "Times the router's log process died or hung and was started again (its batch retried)",
+    registry=REGISTRY,
+)
 ROUTER_LATENCY = Histogram(
     "cft_router_upstream_seconds",
     "Engine response time seen by the router (streams: to headers; whole calls: to the body),"

@@ -37,6 +37,7 @@ from pathlib import Path
 from typing import Any
 
 from app.core.config import Settings
+from app.core.metrics import ROUTER_LOG_PROCESS_RESTARTS
 from app.gateway.logsink import PERMANENT_LOG_ERRORS, LogSink
 
 log = logging.getLogger("cft.gateway.logs")
@@ -105,6 +106,7 @@ class ProcessSink:
             return self._tx, self._rx
         if self._proc is not None:
             self.restarts += 1
+            ROUTER_LOG_PROCESS_RESTARTS.inc()
             log.warning("the log process exited (%s); starting another", self._proc.returncode)
             self._drop_child()
         env = dict(os.environ)

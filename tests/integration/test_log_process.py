@@ -12,6 +12,7 @@ import uuid
 from typing import Any
 
 from app.core.config import get_settings
+from app.core.metrics import ROUTER_LOG_PROCESS_RESTARTS
 from app.gateway.logprocess import PermanentLogError, ProcessSink
 from app.gateway.logsink import PERMANENT_LOG_ERRORS, TENANT_KEY
 from app.gateway.logwriter import LogWriter
@@ -59,6 +60,7 @@ def test_a_killed_log_process_loses_nothing_and_close_ends_the_next(db_url, conn
     first, second = _records(t["id"], r["name"], 5), _records(t["id"], r["name"], 7)
     sink = ProcessSink(db_url, get_settings(), inline_max=0)
     sink.start()
+    restarts = ROUTER_LOG_PROCESS_RESTARTS._value.get()
 
     async def main() -> tuple[LogWriter, int]:
         writer = LogWriter(
@@ -86,6 +88,7 @@ def test_a_killed_log_process_loses_nothing_and_close_ends_the_next(db_url, conn
         assert writer.written == 12 and writer.dropped == 0
         assert _stored(conn, first + second) == 12
         assert sink.restarts == 1
+        assert ROUTER_LOG_PROCESS_RESTARTS._value.get() == restarts + 1
         survivor = sink.pid
         assert survivor is not None and survivor != killed
     finally:
