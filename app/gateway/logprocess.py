@@ -21,14 +21,16 @@ rarely to delay a call, and two processes waking per call cost more CPU than the
 in the caller alone, BENCHMARKS.md "The log writer in a process of its own"). From 500 calls/s
 on, batches hold ~25 records and all go to the child.
 
-The child starts in a session of its own (a terminal's Ctrl-C reaches the router, which then
-flushes through it), and exits when the router closes the pipe or dies (EOF).
+The child starts in a session of its own and ignores SIGINT and SIGTERM (a terminal's Ctrl-C,
+or a stop signal sent to the whole process group or cgroup, reaches the router, which then
+flushes through the child); it exits when the router closes the pipe or dies (EOF).
 """
 
 from __future__ import annotations
 
 import logging
 import os
+import signal
 import subprocess
 import sys
 import threading
@@ -185,6 +187,8 @@ def _reply(exc: Exception) -> tuple[bool, str, str, str | None]:
 
 def main() -> None:
     """The child: (url, settings), then batches until None or EOF; one answer per batch."""
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(sig, signal.SIG_IGN)
     rx = Connection(os.dup(0), writable=False)
     tx = Connection(os.dup(1), readable=False)
     # The replies own the pipe: a stray print must not land in it.

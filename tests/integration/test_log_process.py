@@ -112,3 +112,24 @@ def test_small_batches_are_written_inline_and_larger_ones_by_the_child(db_url, c
         assert _stored(conn, small) == 4
     finally:
         sink.close()
+
+
+def test_the_log_process_outlives_a_stop_signal_until_the_router_closes_it(db_url, conn):
+    """A stop signal sent to every process (a cgroup's SIGTERM) must not take the log process
+    down before the router has flushed through it: it writes on, and ends at close()."""
+    t = make_tenant(conn)
+    r = make_route(conn, tenant_id=t["id"])
+    records = _records(t["id"], r["name"], 6)
+    sink = ProcessSink(db_url, get_settings(), inline_max=0)
+    try:
+        sink(records[:3])  # the child is up and has written
+        child = sink.pid
+        assert child is not None
+        os.kill(child, signal.SIGTERM)
+        os.kill(child, signal.SIGINT)
+        sink(records[3:])
+        assert sink.pid == child and sink.restarts == 0
+        assert _stored(conn, records) == 6
+    finally:
+        sink.close()
+    assert _gone(child)
