@@ -64,6 +64,10 @@ class LogProcessError(RemoteLogError):
     """The log process died or did not answer; it is restarted for the next batch."""
 
 
+# What the log writer drops rather than retries, whichever sink it writes through.
+WRITER_PERMANENT_ERRORS: tuple[type[Exception], ...] = (*PERMANENT_LOG_ERRORS, PermanentLogError)
+
+
 # Batches of at most this many records are written in the caller's process (see above).
 INLINE_MAX = 4
 
@@ -95,12 +99,6 @@ class ProcessSink:
     def pid(self) -> int | None:
         """The child's process id (None before the first start)."""
         return self._proc.pid if self._proc is not None else None
-
-    def start(self) -> None:
-        """Start the child now (else the first batch it takes starts it and waits ~0.5 s for
-        its imports)."""
-        with self._lock:
-            self._ensure_child()
 
     def _ensure_child(self) -> tuple[Connection, Connection]:
         if self._proc is not None and self._proc.poll() is None:

@@ -21,8 +21,8 @@ from app.core.db import Pool
 from app.core.metrics import LOG_QUEUE_DEPTH, ROUTER_LOG_DROPPED
 from app.core.pseudonym import user_hash, user_secret
 from app.gateway.engines import EnginePool, EngineState
-from app.gateway.logprocess import PermanentLogError, ProcessSink
-from app.gateway.logsink import PERMANENT_LOG_ERRORS, LogSink
+from app.gateway.logprocess import WRITER_PERMANENT_ERRORS, ProcessSink
+from app.gateway.logsink import LogSink
 from app.gateway.logwriter import LogWriter
 from app.gateway.table import RouteTable
 
@@ -164,9 +164,7 @@ def start(
         sink = ProcessSink(db_url, settings)
     else:
         sink = LogSink(db_url, settings)
-    writer = LogWriter(
-        sink, permanent=(*PERMANENT_LOG_ERRORS, PermanentLogError), on_drop=_log_dropped
-    )
+    writer = LogWriter(sink, permanent=WRITER_PERMANENT_ERRORS, on_drop=_log_dropped)
     writer.start()
     LOG_QUEUE_DEPTH.set_function(lambda: writer.pending)
     runtime = RouterRuntime(

@@ -261,8 +261,8 @@ def test_a_record_that_can_never_be_stored_is_dropped_alone_and_counted(db_url, 
     import asyncio
 
     from app.core.metrics import ROUTER_LOG_DROPPED
-    from app.gateway.logprocess import PermanentLogError, ProcessSink
-    from app.gateway.logsink import PERMANENT_LOG_ERRORS, TENANT_KEY, LogSink
+    from app.gateway.logprocess import WRITER_PERMANENT_ERRORS, ProcessSink
+    from app.gateway.logsink import TENANT_KEY, LogSink
     from app.gateway.logwriter import LogWriter
     from app.gateway.service import _log_dropped
 
@@ -281,7 +281,7 @@ def test_a_record_that_can_never_be_stored_is_dropped_alone_and_counted(db_url, 
         writer = LogWriter(
             sink,
             max_delay=0.05,
-            permanent=(*PERMANENT_LOG_ERRORS, PermanentLogError),
+            permanent=WRITER_PERMANENT_ERRORS,
             on_drop=_log_dropped,
         )
         writer.start()

@@ -13,8 +13,8 @@ from typing import Any
 
 from app.core.config import get_settings
 from app.core.metrics import ROUTER_LOG_PROCESS_RESTARTS
-from app.gateway.logprocess import PermanentLogError, ProcessSink
-from app.gateway.logsink import PERMANENT_LOG_ERRORS, TENANT_KEY
+from app.gateway.logprocess import WRITER_PERMANENT_ERRORS, ProcessSink
+from app.gateway.logsink import TENANT_KEY
 from app.gateway.logwriter import LogWriter
 from tests.support.factories import make_route, make_tenant
 
@@ -59,7 +59,6 @@ def test_a_killed_log_process_loses_nothing_and_close_ends_the_next(db_url, conn
     r = make_route(conn, tenant_id=t["id"])
     first, second = _records(t["id"], r["name"], 5), _records(t["id"], r["name"], 7)
     sink = ProcessSink(db_url, get_settings(), inline_max=0)
-    sink.start()
     restarts = ROUTER_LOG_PROCESS_RESTARTS._value.get()
 
     async def main() -> tuple[LogWriter, int]:
@@ -67,7 +66,7 @@ def test_a_killed_log_process_loses_nothing_and_close_ends_the_next(db_url, conn
             sink,
             max_delay=0.01,
             max_backoff=0.2,
-            permanent=(*PERMANENT_LOG_ERRORS, PermanentLogError),
+            permanent=WRITER_PERMANENT_ERRORS,
         )
         writer.start()
         for rec in first:
