@@ -265,7 +265,7 @@ def test_dashboard_role_reads_and_app_role_is_tenant_scoped(conn: Any) -> None:
             "SELECT tenant_id, control_adapter, canary_adapter"
             " FROM obs.experiment_compare_7d WHERE metric = 'thumbs_up_rate' ORDER BY 1"
         ).fetchall()
-        assert [tuple(r.values())[:3] for r in cmp] == [
+        assert [tuple(r.values()) for r in cmp] == [
             (s["tenant"]["id"], "ab-prod", "ab-canary"),
             (third["id"], "third-prod", "third-canary"),
         ]
@@ -306,7 +306,7 @@ def test_grafana_dashboard_queries_run_as_dashboard_role(conn: Any) -> None:
     subs = {
         "$__timeFrom()": "(now() - interval '30 days')",
         "$__timeTo()": "(now() + interval '1 minute')",
-        "$tenant": s["tenant"]["name"],
+        "$tenant": str(s["tenant"]["id"]),  # the variable's value (__value: the id)
         "$experiment": EXP,
         "$bucket": "hour",
     }
@@ -321,7 +321,8 @@ def test_grafana_dashboard_queries_run_as_dashboard_role(conn: Any) -> None:
         conn.execute("SET LOCAL ROLE cft_dashboard")
         results = {title: [run(sql) for sql in sqls] for title, sqls in panels.items()}
         assert [r["experiment"] for r in run(variables["experiment"])] == [EXP]
-        assert {s["tenant"]["name"], other["name"]} <= {r["name"] for r in run(variables["tenant"])}
+        tenants = {(r["__text"], r["__value"]) for r in run(variables["tenant"])}
+        assert {(s["tenant"]["name"], s["tenant"]["id"]), (other["name"], other["id"])} <= tenants
     [arms] = results["Arms (obs.experiment_arms)"]
     assert sorted((r["adapter_id"], r["n"]) for r in arms) == [("ab-canary", 300), ("ab-prod", 300)]
     [cmp] = results["Significance: canary vs prod (obs.experiment_compare)"]
