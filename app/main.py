@@ -13,7 +13,7 @@ from app.core import errors
 from app.core.config import Settings, get_settings
 from app.core.db import database_url, make_pool
 from app.core.limits import BodyLimitMiddleware
-from app.core.metrics import MetricsMiddleware
+from app.core.metrics import MetricsMiddleware, serve_metrics
 from app.dashboard import router as dashboard_router
 from app.datasets import router as datasets_router
 from app.evals import router as evals_router
@@ -54,6 +54,11 @@ def create_app(
         app.state.db_url = url
         app.state.pool = make_pool(url, size=settings.db_pool_size)
         app.state.router = None
+        stop_metrics = (
+            serve_metrics(settings.metrics_host, settings.metrics_port)
+            if settings.metrics_port
+            else None
+        )
         if engines:
             app.state.router = gateway.start(
                 settings,
@@ -68,6 +73,8 @@ def create_app(
             if app.state.router is not None:
                 await gateway.stop(app.state.router)
             app.state.pool.close()
+            if stop_metrics is not None:
+                stop_metrics()
 
     app = FastAPI(
         title="cft",

@@ -22,6 +22,14 @@ class Settings(BaseSettings):
     )
     host: str = Field("127.0.0.1", description="Address the API server binds.")
     port: int = Field(8080, description="Port of the API server (control plane + router).")
+    metrics_host: str = Field(
+        "127.0.0.1", description="Address of the Prometheus metrics listener (not the API's)."
+    )
+    metrics_port: int = Field(
+        9464,
+        description="Port of the Prometheus metrics listener (GET /metrics); 0 = off. Never the"
+        " API's port: metric labels name every tenant's routes and adapters.",
+    )
     embedding_dim: int = Field(384, description="Dimension of obs.inference_log.embedding.")
     user_hash_secret: SecretStr = Field(
         SecretStr(""),
@@ -35,6 +43,12 @@ class Settings(BaseSettings):
     base_model: str = Field(
         "smollm2-135m-instruct",
         description="Base model: the bundled SmolLM2-135M-Instruct, a HF model id or a local path.",
+    )
+    base_models: str = Field(
+        "",
+        description="Comma-separated names of the base models the engines serve: a route's base"
+        " model must be one of them, and the router sends no other base name to an engine;"
+        " empty = CFT_BASE_MODEL only.",
     )
     artefact_store: str = Field("local", description="Where adapters are stored: local or s3.")
     artefact_dir: Path | None = Field(
@@ -123,6 +137,12 @@ class Settings(BaseSettings):
     def engine_url_list(self) -> list[str]:
         """CFT_ENGINE_URLS as a list of entries (`KIND+URL` or a bare vLLM URL)."""
         return [u.strip() for u in self.engine_urls.split(",") if u.strip()]
+
+    @property
+    def served_base_models(self) -> frozenset[str]:
+        """The base model names routes may use (CFT_BASE_MODELS, else CFT_BASE_MODEL)."""
+        names = {n.strip() for n in self.base_models.split(",") if n.strip()}
+        return frozenset(names or {self.base_model})
 
     @property
     def artefact_path(self) -> Path:

@@ -1,12 +1,19 @@
-"""Prometheus metrics of the control plane and router (served at /metrics)."""
+"""Prometheus metrics of the control plane and router.
+
+They are served on a port of their own (CFT_METRICS_HOST:CFT_METRICS_PORT, loopback by
+default), never on the API's public port: their labels name every tenant's routes and adapters.
+"""
 
 from __future__ import annotations
 
+import logging
+import threading
 import time
+from collections.abc import Callable
 from functools import lru_cache
 from typing import Any, TypeVar
 
-from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, start_http_server
 from prometheus_client.metrics import MetricWrapperBase
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
@@ -186,3 +193,35 @@ class MetricsMiddleware:
             method = scope["method"]
             child(HTTP_LATENCY, method, path).observe(seconds)
             child(HTTP_REQUESTS, method, path, str(status)).inc()
+
+
+_log = logging.getLogger("cft.metrics")
+# (host, port) -> [server, users]: apps of one process share one metrics listener.
+_listeners: dict[tuple[str, int], list[Any]] = {}
+_listeners_lock = threading.Lock()
+
+
+def serve_metrics(host: str, port: int) -> Callable[[], None]:
+    """Serve REGISTRY at http://host:port/metrics (shared within the process); returns a stop
+    function. A port another process holds is logged, not fatal: serving calls matters more."""
+    key = (host, port)
+    with _listeners_lock:
+        entry = _listeners.get(key)
+        if entry is None:
+            try:
+                server, _thread = start_http_server(port, addr=host, registry=REGISTRY)
+            except OSError as exc:
+                _log.error("metrics not served on %s:%s: %s", host, port, exc)
+                return lambda: None
+            entry = _listeners[key] = [server, 0]
+        entry[1] += 1
+
+    def stop() -> None:
+        with _listeners_lock:
+            entry[1] -= 1
+            if entry[1] == 0 and _listeners.get(key) is entry:
+                del _listeners[key]
+                entry[0].shutdown()
+                entry[0].server_close()
+
+    return stop

@@ -61,6 +61,9 @@ class RouterRuntime:
     secret: bytes
     reconciler: Reconciler | None = None
     key_ttl: float = 5.0
+    # The base model names the router may send to an engine (CFT_BASE_MODELS): a route's base
+    # outside it is never sent, whatever the route says.
+    bases: frozenset[str] = frozenset()
     switch_interval: float | None = None  # the interpreter's value before start(), restored
     sink: LogSink | ProcessSink | None = None  # the log writer's sink (closed at stop)
     # key hash -> (fresh until, key); hashes being re-checked; when a failed re-check may be
@@ -174,6 +177,7 @@ def start(
         user_secret(settings),
         reconciler=running,
         key_ttl=settings.router_key_cache_ttl,
+        bases=settings.served_base_models,
         switch_interval=sys.getswitchinterval(),
         sink=sink,
     )

@@ -62,10 +62,18 @@ def done(resp: Response) -> None:
         resp.close()
 
 
-def _candidates(engine: EngineState, state: RouteState, assignment: Assignment) -> list[str]:
-    """Models to try on an engine, best first: the assigned adapter, prod, the base model."""
+def _candidates(
+    engine: EngineState, state: RouteState, assignment: Assignment, bases: frozenset[str]
+) -> list[str]:
+    """Models to try on an engine, best first: the assigned adapter, prod, the base model.
+
+    Only the route's own adapters (serve.route_state reads them by route) and a base the
+    platform serves are ever sent: a route's base_model is never passed through unchecked,
+    so it cannot name another tenant's adapter loaded on the same engine.
+    """
     out = [m for m in (assignment.adapter_id, state.prod) if m and engine.has(m)]
-    out.append(state.base_model)
+    if state.base_model in bases:
+        out.append(state.base_model)
     return list(dict.fromkeys(out))
 
 
@@ -113,6 +121,13 @@ async def send(
     """Send to the first engine and model that answer (503 when none does)."""
     engines = runtime.engines
     want = assignment.adapter_id or state.base_model
+    if want == state.base_model and state.base_model not in runtime.bases:
+        raise Unavailable(
+            f"route {state.name!r} names base model {state.base_model!r}, which this platform"
+            f" does not serve (CFT_BASE_MODELS: {', '.join(sorted(runtime.bases))}); an operator"
+            " must serve it or the route be recreated on a served base",
+            code="base_model_not_served",
+        )
     failed_adapter = False
     order = engines.order(assignment.adapter_id)
     up = [e for e in order if e.up] or order
@@ -120,7 +135,7 @@ async def send(
         if engine.models is None and not await engines.probe(engine):
             ENGINE_FAILURES.labels(engine.url, "probe").inc()
             continue
-        for model in _candidates(engine, state, assignment):
+        for model in _candidates(engine, state, assignment, runtime.bases):
             # The engine's kind decides how a model is named (SGLang base:adapter, LoRAX path).
             body.pop("adapter_source", None)
             body |= upstream_fields(

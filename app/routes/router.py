@@ -5,11 +5,11 @@ from __future__ import annotations
 from datetime import datetime
 from typing import Any
 
-from fastapi import APIRouter
+from fastapi import APIRouter, Request
 from pydantic import BaseModel, ConfigDict, Field
 
 from app.core.auth import ReaderKey, TenantConn, TrainerKey
-from app.core.config import get_settings
+from app.core.config import Settings
 from app.core.errors import NotFound
 from app.routes import service as routes
 
@@ -22,7 +22,12 @@ class RouteCreate(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
     name: str = Field(min_length=1, max_length=128, pattern=r"^[A-Za-z0-9][A-Za-z0-9_.:-]*$")
-    base_model: str | None = Field(None, min_length=1, description="Default: CFT_BASE_MODEL.")
+    base_model: str | None = Field(
+        None,
+        min_length=1,
+        max_length=256,
+        description="One of the served base models (CFT_BASE_MODELS); default: CFT_BASE_MODEL.",
+    )
     experiment: str | None = Field(None, max_length=128, description="Canary split salt.")
 
 
@@ -37,14 +42,18 @@ class RouteOut(BaseModel):
 
 
 @router.post("/v1/routes", status_code=201)
-def create_route(body: RouteCreate, conn: TenantConn, key: TrainerKey) -> RouteOut:
+def create_route(
+    body: RouteCreate, request: Request, conn: TenantConn, key: TrainerKey
+) -> RouteOut:
     """Create a serving slot for the caller's tenant."""
+    settings: Settings = request.app.state.settings
     row: dict[str, Any] = routes.create_route(
         conn,
         tenant_id=key.tenant_id,
         name=body.name,
-        base_model=body.base_model or get_settings().base_model,
+        base_model=body.base_model or settings.base_model,
         experiment=body.experiment,
+        served=settings.served_base_models,
     )
     return RouteOut(**row)
 

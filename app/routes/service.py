@@ -7,15 +7,33 @@ from typing import Any
 import psycopg
 
 from app.core.db import Connection
-from app.core.errors import BadRequest, Conflict
+from app.core.errors import BadRequest, Conflict, Unprocessable
 
 COLUMNS = "name, tenant_id, base_model, experiment, created_at"
 
 
+def check_base_model(base_model: str, served: frozenset[str]) -> None:
+    """422 unless base_model is one the platform's engines serve (CFT_BASE_MODELS)."""
+    if base_model not in served:
+        raise Unprocessable(
+            f"base model {base_model!r} is not served here: choose one of"
+            f" {', '.join(sorted(served))} (an operator adds bases with CFT_BASE_MODELS)",
+            code="base_model_not_served",
+            param="base_model",
+        )
+
+
 def create_route(
-    conn: Connection, *, tenant_id: int, name: str, base_model: str, experiment: str | None
+    conn: Connection,
+    *,
+    tenant_id: int,
+    name: str,
+    base_model: str,
+    experiment: str | None,
+    served: frozenset[str],
 ) -> dict[str, Any]:
-    """Insert a route; 409 if the name is taken (route names are global)."""
+    """Insert a route on a served base model; 409 if the name is taken."""
+    check_base_model(base_model, served)
     try:
         with conn.transaction():
             row: dict[str, Any] | None = conn.execute(

@@ -9,9 +9,10 @@ from urllib.parse import urlsplit
 import httpx
 import pytest
 
+from app.core.config import Settings
 from app.core.http_server import KEEP_ALIVE_S
 from app.main import create_app
-from tests.support.servers import serve_app
+from tests.support.servers import free_port, serve_app
 
 
 @pytest.fixture
@@ -27,10 +28,17 @@ def test_healthz_reports_postgres_18_and_pgvector_08(api):
     assert body["database"]["pgvector"].startswith("0.8.")
 
 
-def test_metrics_are_prometheus_text(api):
-    httpx.get(f"{api}/healthz")
-    text = httpx.get(f"{api}/metrics").text
-    assert 'cft_http_requests_total{method="GET",route="/healthz",status="200"}' in text
+def test_metrics_are_served_on_their_own_port_only(db_url, tmp_path):
+    # Metric labels name every tenant's routes and adapters: the public port never serves them.
+    port = free_port()
+    settings = Settings(home=tmp_path, metrics_port=port)
+    with serve_app(create_app(settings, db_url=db_url, engine_urls=[])) as api:
+        httpx.get(f"{api}/healthz")
+        assert httpx.get(f"{api}/metrics").status_code == 404
+        text = httpx.get(f"http://127.0.0.1:{port}/metrics").text
+        assert 'cft_http_requests_total{method="GET",route="/healthz",status="200"}' in text
+    with pytest.raises(httpx.ConnectError):  # the listener stops with the app
+        httpx.get(f"http://127.0.0.1:{port}/metrics")
 
 
 def test_unknown_path_gets_openai_error_shape(api):

@@ -4,6 +4,8 @@ feedback, PII flags, validation errors, pseudonymised users."""
 from __future__ import annotations
 
 import subprocess
+import threading
+import time
 import uuid
 from typing import Any
 
@@ -17,7 +19,7 @@ from app.core.embedded import psql_path
 from app.logs import pii
 from app.main import create_app
 from tests.support.factories import make_tenant
-from tests.support.servers import serve_app
+from tests.support.servers import metrics_text, serve_app
 
 RAW_USER = "user-raw-id-7f3a9c@customer.example"
 
@@ -401,6 +403,30 @@ def test_bad_json_oversize_batch_and_body(api, tenants):
 def test_metrics_count_rows_and_rejections(api, tenants):
     post(api, tenants["a_ingest"], {"records": [record() for _ in range(3)]})
     post(api, tenants["a_ingest"], record(request_id="bad"))
-    text = httpx.get(f"{api}/metrics").text
+    text = metrics_text()
     assert 'cft_log_rows_total{result="inserted"}' in text
     assert 'cft_log_records_rejected_total{reason="bad_uuid"}' in text
+
+
+def test_adversarial_text_neither_stalls_the_api_nor_takes_long(api: str, tenants: Any) -> None:
+    """A record whose text made the PII patterns quadratic (17 s at this size before) is stored
+    in well under a second, and /healthz sent meanwhile is not held up."""
+    bad = "@" + "a" * 150_000
+    rec = record(messages=[{"role": "user", "content": bad}], completion="x:" * 20_000)
+    healthz: list[float] = []
+
+    def probe() -> None:
+        for _ in range(5):
+            started = time.perf_counter()
+            httpx.get(f"{api}/healthz", timeout=30)
+            healthz.append(time.perf_counter() - started)
+
+    prober = threading.Thread(target=probe)
+    started = time.perf_counter()
+    prober.start()
+    r = httpx.post(f"{api}/v1/logs", json=rec, headers=h(tenants["a_ingest"]), timeout=60)
+    took = time.perf_counter() - started
+    prober.join()
+    assert r.status_code == 200, r.text
+    assert took < 3.0, took
+    assert max(healthz) < 2.0, healthz

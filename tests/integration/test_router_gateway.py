@@ -19,7 +19,7 @@ from app.core.metrics import REGISTRY
 from app.core.pseudonym import user_hash, user_secret
 from tests.support.factories import make_adapter, make_route, make_tenant
 from tests.support.lora import make_adapter_dir
-from tests.support.servers import serve_app
+from tests.support.servers import metrics_text, serve_app
 from workers import base_model
 from workers.api import create_app
 from workers.engine.core import Engine
@@ -193,6 +193,39 @@ def test_unknown_route_and_other_tenants_route_are_404(setup):
         assert resp.json()["error"]["code"] == "not_found"
 
 
+def test_a_route_never_gets_another_tenants_adapter_through_its_base_model(setup):
+    """A route's base_model naming another tenant's loaded adapter: the database refuses it,
+    and a route that holds such a name anyway (written past the guard) is never sent it."""
+    victim = setup["prod"]["id"]  # loaded on the engine, owned by setup's tenant
+    with psycopg.connect(setup["db_url"], autocommit=True, row_factory=dict_row) as c:
+        alpha = make_tenant(c)
+        with pytest.raises(psycopg.errors.CheckViolation, match="name of an adapter"):
+            make_route(c, tenant_id=alpha["id"], base_model=victim)
+        legit = make_route(c, tenant_id=alpha["id"], base_model=BASE)
+        with pytest.raises(psycopg.errors.CheckViolation, match="name of an adapter"):
+            c.execute(
+                "UPDATE serve.route SET base_model = %s WHERE name = %s", (victim, legit["name"])
+            )
+        # An adapter may not take a name some route uses as its base either.
+        with pytest.raises(psycopg.errors.CheckViolation, match="a route names a base model"):
+            make_adapter(c, route=legit, id=BASE)
+        c.execute("ALTER TABLE serve.route DISABLE TRIGGER route_base_guard")
+        try:
+            evil = make_route(c, tenant_id=alpha["id"], base_model=victim)
+        finally:
+            c.execute("ALTER TABLE serve.route ENABLE TRIGGER route_base_guard")
+        alpha_key = create_key(c, tenant_id=alpha["id"], role="client")
+    resp = httpx.post(
+        f"{setup['api']}/v1/chat/completions",
+        json={"model": evil["name"], "messages": [{"role": "user", "content": "Say hello."}]},
+        headers={"Authorization": f"Bearer {alpha_key}"},
+        timeout=30,
+    )
+    assert resp.status_code == 503, resp.text
+    assert resp.json()["error"]["code"] == "base_model_not_served"
+    assert "x-cft-adapter" not in resp.headers
+
+
 def test_a_call_whose_log_record_could_not_be_stored_is_a_400_naming_the_field(setup):
     """Checked before the call is served: the writer never holds a record it cannot store."""
     client = openai.OpenAI(base_url=setup["api"] + "/v1", api_key=setup["key"], max_retries=0)
@@ -328,7 +361,7 @@ def test_metrics_count_calls_and_time_lora_and_base_apart(setup):
     )
     assert prod_calls - before["prod"] == 1
     # And the same numbers are what /metrics serves.
-    text = httpx.get(setup["api"] + "/metrics").text
+    text = metrics_text()
     assert 'cft_router_upstream_seconds_count{kind="lora"}' in text
     assert (
         'cft_http_requests_total{method="POST",route="/v1/chat/completions",status="200"}' in text

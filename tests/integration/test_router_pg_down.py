@@ -16,7 +16,7 @@ from app.core.auth import create_key
 from app.core.config import get_settings
 from tests.support.db import TEST_TUNING, dedicated_server
 from tests.support.factories import make_route, make_tenant
-from tests.support.servers import serve_app
+from tests.support.servers import metrics_text, serve_app
 from workers import base_model
 from workers.api import create_app
 from workers.engine.core import Engine
@@ -72,7 +72,7 @@ def test_calls_answer_while_postgres_is_down_and_logs_land_after(
                 resp = httpx.post(api + "/v1/completions", json=body, headers=headers, timeout=60)
                 assert resp.status_code == 200, resp.text
                 ids.append(resp.headers["x-request-id"])
-            metrics = httpx.get(api + "/metrics").text
+            metrics = metrics_text()
             assert "cft_router_log_queue_depth" in metrics
             restart(pgdata, url)
             assert can_connect(url)

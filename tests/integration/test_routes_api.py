@@ -53,6 +53,28 @@ def test_bad_input_is_422(api, body):
     assert r.json()["error"]["message"]
 
 
+def test_a_route_is_created_only_on_a_served_base_model(api, conn):
+    base, keys = api
+    # Another tenant's adapter name, a hub id, a path: none is a base this platform serves.
+    for name in ("beta-prod-adapter", "meta-llama/Llama-3.1-8B", "/srv/cft/artefacts/beta"):
+        r = httpx.post(
+            f"{base}/v1/routes",
+            json={"name": "evil", "base_model": name},
+            headers=h(keys["trainer"]),
+        )
+        assert r.status_code == 422, r.text
+        err = r.json()["error"]
+        assert err["code"] == "base_model_not_served" and err["param"] == "base_model"
+        assert "smollm2-135m-instruct" in err["message"]  # it names what may be chosen
+    assert conn.execute("SELECT count(*) AS n FROM serve.route").fetchone()["n"] == 0
+    ok = httpx.post(
+        f"{base}/v1/routes",
+        json={"name": "fine", "base_model": "smollm2-135m-instruct"},
+        headers=h(keys["trainer"]),
+    )
+    assert ok.status_code == 201, ok.text
+
+
 def test_ingest_key_cannot_create_routes(api):
     base, keys = api
     r = httpx.post(f"{base}/v1/routes", json={"name": "r1"}, headers=h(keys["ingest"]))

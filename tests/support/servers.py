@@ -49,3 +49,16 @@ def serve_app(
     finally:
         server.should_exit = True
         thread.join(timeout=15)
+
+
+def metrics_text() -> str:
+    """This process's Prometheus metrics, fetched over HTTP from a metrics listener of its own
+    (the API serves them on CFT_METRICS_PORT, never on its public port)."""
+    from app.core.metrics import serve_metrics
+
+    port = free_port()
+    stop = serve_metrics("127.0.0.1", port)
+    try:
+        return httpx.get(f"http://127.0.0.1:{port}/metrics", timeout=10).text
+    finally:
+        stop()

@@ -1,0 +1,61 @@
+"""A route's base model is never an adapter's name (serve.route_base_guard, both ways).
+
+Revision ID: 20261216
+Revises: 20261215
+"""
+
+from alembic import op
+
+revision = "20261216"
+down_revision = "20261215"
+branch_labels = None
+depends_on = None
+
+
+UPGRADE_SQL = r"""
+-- A route's base model is a base, never an adapter: a base_model naming an adapter (of any
+-- tenant) would make the engine serve that adapter to the route's callers. Checked both ways,
+-- as the owner (the caller's tenant may not see the other row), under one lock so a route and
+-- an adapter of the same name cannot be written side by side.
+CREATE OR REPLACE FUNCTION serve.route_base_guard() RETURNS trigger
+LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
+BEGIN
+  PERFORM pg_catalog.pg_advisory_xact_lock(pg_catalog.hashtext('cft.route_base_guard'));
+  IF TG_TABLE_NAME = 'route' THEN
+    IF EXISTS (SELECT 1 FROM serve.adapter a WHERE a.id = NEW.base_model) THEN
+      RAISE check_violation USING
+        MESSAGE = pg_catalog.format('route %s: base model %s is the name of an adapter, not a base',
+                                    NEW.name, NEW.base_model),
+        HINT = 'A route''s base_model names a base model the engines serve (CFT_BASE_MODELS).';
+    END IF;
+  ELSIF EXISTS (SELECT 1 FROM serve.route r WHERE r.base_model = NEW.id) THEN
+    RAISE check_violation USING
+      MESSAGE = pg_catalog.format('adapter %s: a route names a base model of that name', NEW.id),
+      HINT = 'Adapter names never equal a base model''s name.';
+  END IF;
+  RETURN NEW;
+END
+$$;
+REVOKE ALL ON FUNCTION serve.route_base_guard() FROM PUBLIC;
+
+DROP TRIGGER IF EXISTS route_base_guard ON serve.route;
+CREATE TRIGGER route_base_guard BEFORE INSERT OR UPDATE OF base_model ON serve.route
+  FOR EACH ROW EXECUTE FUNCTION serve.route_base_guard();
+DROP TRIGGER IF EXISTS adapter_base_guard ON serve.adapter;
+CREATE TRIGGER adapter_base_guard BEFORE INSERT OR UPDATE OF id ON serve.adapter
+  FOR EACH ROW EXECUTE FUNCTION serve.route_base_guard();
+"""
+
+
+def upgrade() -> None:
+    """Create the guard function and its two triggers."""
+    op.execute(UPGRADE_SQL)
+
+
+def downgrade() -> None:
+    """Drop them."""
+    op.execute(
+        "DROP TRIGGER route_base_guard ON serve.route;"
+        " DROP TRIGGER adapter_base_guard ON serve.adapter;"
+        " DROP FUNCTION serve.route_base_guard();"
+    )
