@@ -12,7 +12,7 @@ import re
 import uuid
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import orjson
@@ -203,7 +203,20 @@ def _embedding(value: Any, index: int | None, dim: int) -> str:
     return "[" + ",".join(map(str, value)) + "]"
 
 
-def _created_at(value: Any, index: int | None) -> str:
+# A record's created_at lies within [now - CFT_LOG_RETENTION_DAYS, now + FUTURE_SKEW]: older
+# rows would be dropped by the next retention pass anyway, and each distinct week a client may
+# choose becomes a partition (ten indexes, locks on every query of the log), so a client that
+# sets it freely could multiply partitions until queries run out of lock slots.
+FUTURE_SKEW = timedelta(minutes=10)
+
+
+def created_at_window(settings: Settings) -> tuple[datetime, datetime]:
+    """The (earliest, latest) created_at a record may carry now."""
+    now = datetime.now(UTC)
+    return now - timedelta(days=settings.log_retention_days), now + FUTURE_SKEW
+
+
+def _created_at(value: Any, index: int | None, window: tuple[datetime, datetime]) -> str:
     if value is None:
         return _NULL
     if not isinstance(value, str):
@@ -219,6 +232,16 @@ def _created_at(value: Any, index: int | None) -> str:
         ) from None
     if ts.tzinfo is None:
         ts = ts.replace(tzinfo=UTC)
+    earliest, latest = window
+    if not earliest <= ts <= latest:
+        raise InvalidRecord(
+            index,
+            "created_at",
+            f"{ts.isoformat()} is outside the accepted window {earliest.isoformat(timespec='seconds')}"
+            f" .. {latest.isoformat(timespec='seconds')} (the log's retention back,"
+            f" {int(FUTURE_SKEW.total_seconds() // 60)} minutes of clock skew ahead); omit it for now()",
+            "created_at_out_of_window",
+        )
     return ts.isoformat()
 
 
@@ -228,6 +251,7 @@ def prepare_record(
     *,
     secret: bytes,
     dim: int,
+    window: tuple[datetime, datetime],
     user_hashes: dict[str, str] | None = None,
 ) -> tuple[str, str]:
     """Validate one record; return its request_id and its COPY line (without ord).
@@ -292,7 +316,7 @@ def prepare_record(
             parent_id,
             str(flags),
             status,
-            _created_at(rec.get("created_at"), index),
+            _created_at(rec.get("created_at"), index, window),
         )
     )
     return request_id, line
@@ -345,10 +369,16 @@ def prepare(
     out = Prepared()
     seen: set[str] = set()
     user_hashes: dict[str, str] = {}
+    window = created_at_window(settings)
     try:
         for i, rec in enumerate(records):
             request_id, line = prepare_record(
-                rec, i if batch else None, secret=secret, dim=dim, user_hashes=user_hashes
+                rec,
+                i if batch else None,
+                secret=secret,
+                dim=dim,
+                window=window,
+                user_hashes=user_hashes,
             )
             if request_id in seen:
                 out.duplicates.add(i)

@@ -7,6 +7,7 @@ import subprocess
 import threading
 import time
 import uuid
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import httpx
@@ -430,3 +431,26 @@ def test_adversarial_text_neither_stalls_the_api_nor_takes_long(api: str, tenant
     assert r.status_code == 200, r.text
     assert took < 3.0, took
     assert max(healthz) < 2.0, healthz
+
+
+def test_created_at_outside_the_window_is_a_422_that_says_the_window(
+    api: str, tenants: Any, conn: Any
+) -> None:
+    """Client-chosen weeks far apart once became a partition each, until queries ran out of
+    lock slots; now created_at must lie between the retention cutoff and a few minutes ahead."""
+    parts = "SELECT count(*) AS n FROM obs.inference_log_partition"
+    before = conn.execute(parts).fetchone()["n"]
+    start = datetime(2030, 1, 7, tzinfo=UTC)
+    batch = {
+        "records": [record(created_at=(start + timedelta(weeks=i)).isoformat()) for i in range(50)]
+    }
+    r = httpx.post(f"{api}/v1/logs", json=batch, headers=h(tenants["a_ingest"]))
+    assert r.status_code == 422, r.text
+    err = r.json()["error"]
+    assert "records[0].created_at" in err["param"]
+    assert "outside the accepted window" in err["message"] and "omit it" in err["message"]
+    old = record(created_at=(datetime.now(UTC) - timedelta(days=91)).isoformat())
+    assert httpx.post(f"{api}/v1/logs", json=old, headers=h(tenants["a_ingest"])).status_code == 422
+    ok = record(created_at=(datetime.now(UTC) - timedelta(days=2)).isoformat())
+    assert httpx.post(f"{api}/v1/logs", json=ok, headers=h(tenants["a_ingest"])).status_code == 200
+    assert conn.execute(parts).fetchone()["n"] == before

@@ -16,17 +16,23 @@ from tests.support.servers import free_port
 from workers.maintenance.tasks import run_once, sweep_orphan_artefacts
 
 
+def _partition_of(conn, log_id: int) -> str:
+    return conn.execute(
+        "SELECT tableoid::regclass::text AS p FROM obs.inference_log WHERE id = %s", (log_id,)
+    ).fetchone()["p"]
+
+
 def test_maintenance_pass_creates_rescues_and_drops(conn):
     t = make_tenant(conn)
+    past = make_log(conn, tenant_id=t["id"], created_at=datetime.now(UTC) - timedelta(days=30))
     future = make_log(conn, tenant_id=t["id"], created_at=datetime.now(UTC) + timedelta(weeks=30))
     ancient = make_log(conn, tenant_id=t["id"], created_at=datetime.now(UTC) - timedelta(days=400))
     report = run_once(conn, weeks_ahead=6, retention_days=90)
     assert len(report.created) >= 1
     assert len(report.rescued) == 1
-    where = conn.execute(
-        "SELECT tableoid::regclass::text AS p FROM obs.inference_log WHERE id = %s", (future["id"],)
-    ).fetchone()["p"]
-    assert where == "obs." + report.rescued[0]
+    assert _partition_of(conn, past["id"]) == "obs." + report.rescued[0]
+    # 30 weeks ahead is past the window: no partition for it, the row waits in DEFAULT.
+    assert _partition_of(conn, future["id"]) == "obs.inference_log_default"
     gone = conn.execute(
         "SELECT count(*) AS n FROM obs.inference_log WHERE id = %s", (ancient["id"],)
     )
@@ -144,3 +150,24 @@ def test_orphan_artefacts_are_deleted_after_the_grace_period(conn, tmp_path, s3_
     assert (fetched / "adapter_model.safetensors").read_bytes() == b"w" * 64
     # Idempotent: a second pass finds nothing.
     assert sweep_orphan_artefacts(conn, store, grace_hours=24, now=later) == []
+
+
+def test_one_writer_cannot_multiply_partitions(conn):
+    """A thousand rows a week apart (as a direct writer could insert: the API refuses such a
+    created_at) give no partition beyond the window, and maintenance keeps working."""
+    t = make_tenant(conn)
+    before = conn.execute("SELECT count(*) AS n FROM obs.inference_log_partition").fetchone()["n"]
+    conn.execute(
+        """INSERT INTO obs.inference_log
+                  (tenant_id, request_id, route, adapter_id, messages, created_at)
+           SELECT %s, gen_random_uuid(), 'r', 'a', '[]', now() + make_interval(weeks => 10 + g)
+             FROM generate_series(1, 1000) g""",
+        (t["id"],),
+    )
+    for _ in range(2):
+        report = run_once(conn, weeks_ahead=4, retention_days=90)
+        assert report.rescued == []
+    after = conn.execute("SELECT count(*) AS n FROM obs.inference_log_partition").fetchone()["n"]
+    assert after - before <= 1  # at most the week that came into reach
+    n = conn.execute("SELECT count(*) AS n FROM ONLY obs.inference_log_default").fetchone()["n"]
+    assert n == 1000

@@ -10,6 +10,7 @@ import json
 import os
 import subprocess
 import sys
+import time
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
@@ -32,6 +33,8 @@ from tests.support.openai_stub import ANSWER, COMPLETION_TOKENS, PROMPT_TOKENS, 
 from tests.support.servers import serve_app
 
 ROOT = Path(__file__).resolve().parents[2]
+# A span start within the log's created_at window (an hour ago, whole seconds).
+START_S = int(time.time()) - 3600
 
 APP = """
 import json, os
@@ -155,8 +158,8 @@ def _span(span_id: str, name: str, attrs: dict[str, Any], **extra: Any) -> dict[
         "spanId": span_id,
         "name": name,
         "kind": 3,
-        "startTimeUnixNano": "1764590400000000000",
-        "endTimeUnixNano": "1764590401000000000",
+        "startTimeUnixNano": f"{START_S}000000000",
+        "endTimeUnixNano": f"{START_S + 1}000000000",
         "attributes": [_kv(k, v) for k, v in attrs.items()],
         **extra,
     }
@@ -262,7 +265,7 @@ def test_json_export_span_events_partial_success_and_header_route(env: dict[str,
     ]
     assert a["completion"] == "Hola" and a["status"] == "partial" and a["user_hash"] is not None
     assert (a["tokens_in"], a["tokens_out"], a["model"]) == (5, 2, "gpt-4o")
-    assert a["created_at"].timestamp() == 1764590400
+    assert a["created_at"].timestamp() == START_S
     b = got[cft_sdk.span_request_id("5b8efff798038103d269b633813fc60c", "00f067aa0ba902b7")]
     assert b["messages"] == [{"role": "user", "content": "Ping?"}] and b["completion"] == "Pong"
     assert b["status"] == "error" and b["model"] == "llama"

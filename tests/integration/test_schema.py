@@ -31,7 +31,12 @@ def test_default_partition_catches_far_rows_and_move_rescues_them(conn):
     row = make_log(conn, tenant_id=t["id"], created_at=far)
     assert _partition_of(conn, row["id"]) == "obs.inference_log_default"
 
-    created = [r["move_default_rows"] for r in conn.execute("SELECT obs.move_default_rows()")]
+    # Beyond the window (4 weeks ahead by default) a row waits in DEFAULT for its week.
+    assert conn.execute("SELECT * FROM obs.move_default_rows()").fetchall() == []
+    assert _partition_of(conn, row["id"]) == "obs.inference_log_default"
+    created = [
+        r["move_default_rows"] for r in conn.execute("SELECT obs.move_default_rows(NULL, 52 * 6)")
+    ]
     assert created == ["inference_log_2031w10"]
     assert _partition_of(conn, row["id"]) == "obs.inference_log_2031w10"
     # The moved row keeps its request key: a retry of the same request is still refused.

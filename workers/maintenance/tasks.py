@@ -6,6 +6,8 @@ import logging
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 
+import psycopg
+
 from app.core.artefacts import ArtefactStore
 from app.core.db import Connection
 
@@ -20,6 +22,7 @@ class MaintenanceReport:
     rescued: list[str] = field(default_factory=list)
     dropped: list[str] = field(default_factory=list)
     neighbours_pruned: int = 0
+    errors: list[str] = field(default_factory=list)  # "step: error" of steps that failed
 
 
 # Everything older than this is gone from obs.inference_log after obs.drop_partitions: the
@@ -35,21 +38,36 @@ SELECT obs.prune_prompt_neighbours(least(
 def run_once(conn: Connection, *, weeks_ahead: int, retention_days: int) -> MaintenanceReport:
     """Create partitions ahead, give DEFAULT's rows partitions, drop those past retention.
 
+    Each step is a transaction of its own, and a step that fails (e.g. out of lock slots) is
+    logged in the report without stopping the next: retention runs whatever the others do.
     Dropping a partition fires no trigger, so the near-duplicate marks and edges of its rows
     (obs.prompt_neighbour_scan / obs.prompt_neighbour) are pruned in the same transaction."""
     keep = f"{int(retention_days)} days"
     report = MaintenanceReport()
-    with conn.transaction():
-        rows = conn.execute("SELECT * FROM obs.create_partitions(%s)", (weeks_ahead,))
-        report.created = [next(iter(r.values())) for r in rows]
-    with conn.transaction():
-        rows = conn.execute("SELECT * FROM obs.move_default_rows(%s::interval)", (keep,))
-        report.rescued = [next(iter(r.values())) for r in rows]
-    with conn.transaction():
-        rows = conn.execute("SELECT * FROM obs.drop_partitions(%s::interval)", (keep,))
-        report.dropped = [next(iter(r.values())) for r in rows]
+
+    def names(sql: str, *params: object) -> list[str]:
+        return [next(iter(r.values())) for r in conn.execute(sql, params)]
+
+    def create() -> None:
+        report.created = names("SELECT * FROM obs.create_partitions(%s)", weeks_ahead)
+
+    def rescue() -> None:
+        report.rescued = names(
+            "SELECT * FROM obs.move_default_rows(%s::interval, %s)", keep, weeks_ahead
+        )
+
+    def drop() -> None:
+        report.dropped = names("SELECT * FROM obs.drop_partitions(%s::interval)", keep)
         pruned = conn.execute(_PRUNE_NEIGHBOURS_SQL, (keep,)).fetchone()
         report.neighbours_pruned = int(next(iter(pruned.values()))) if pruned else 0
+
+    for step in (create, rescue, drop):
+        try:
+            with conn.transaction():
+                step()
+        except psycopg.Error as exc:
+            log.error("maintenance step %s failed: %s", step.__name__, exc)
+            report.errors.append(f"{step.__name__}: {exc}")
     return report
 
 
