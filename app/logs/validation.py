@@ -234,12 +234,13 @@ def _created_at(value: Any, index: int | None, window: tuple[datetime, datetime]
         ts = ts.replace(tzinfo=UTC)
     earliest, latest = window
     if not earliest <= ts <= latest:
+        low, high = (t.isoformat(timespec="seconds") for t in window)
+        skew = int(FUTURE_SKEW.total_seconds() // 60)
         raise InvalidRecord(
             index,
             "created_at",
-            f"{ts.isoformat()} is outside the accepted window {earliest.isoformat(timespec='seconds')}"
-            f" .. {latest.isoformat(timespec='seconds')} (the log's retention back,"
-            f" {int(FUTURE_SKEW.total_seconds() // 60)} minutes of clock skew ahead); omit it for now()",
+            f"{ts.isoformat()} is outside the accepted window {low} .. {high} (the log's"
+            f" retention back, {skew} minutes of clock skew ahead); omit it for now()",
             "created_at_out_of_window",
         )
     return ts.isoformat()
