@@ -17,7 +17,8 @@ from pydantic import BaseModel, ConfigDict, Field
 from starlette.concurrency import run_in_threadpool
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
-from workers.engine.core import Engine, EngineError, GenRequest, Sampling
+from workers.engine.core import Engine
+from workers.engine.request import EngineError, GenRequest, Sampling
 
 
 class StreamOptions(BaseModel):
@@ -138,13 +139,13 @@ def create_app(engine: Engine) -> FastAPI:
         perm = {"object": "model_permission", "allow_sampling": True, "allow_view": True}
         cards = [
             {
-                "id": engine.base_name,
+                "id": engine.model.name,
                 "object": "model",
                 "created": created,
                 "owned_by": "vllm",
-                "root": engine.base_path,
+                "root": engine.model.path,
                 "parent": None,
-                "max_model_len": engine.max_model_len,
+                "max_model_len": engine.model.max_model_len,
                 "permission": [perm],
             }
         ]
@@ -155,11 +156,11 @@ def create_app(engine: Engine) -> FastAPI:
                 "created": created,
                 "owned_by": "vllm",
                 "root": a.path,
-                "parent": engine.base_name,
+                "parent": engine.model.name,
                 "max_model_len": None,
                 "permission": [perm],
             }
-            for a in list(engine.adapters.values())
+            for a in list(engine.adapters.by_name.values())
         ]
         return {"object": "list", "data": cards}
 
@@ -176,7 +177,7 @@ def create_app(engine: Engine) -> FastAPI:
     @app.post("/v1/chat/completions", response_model=None)
     async def chat_completions(body: ChatCompletionRequest) -> Response:
         messages = [_text_of(m) for m in body.messages]
-        ids = engine.chat_prompt_ids(messages)
+        ids = engine.model.chat_prompt_ids(messages)
         max_tokens = body.max_completion_tokens or body.max_tokens
         return await _generate(engine, body, ids, max_tokens, chat=True)
 
@@ -188,7 +189,7 @@ def create_app(engine: Engine) -> FastAPI:
                 raise EngineError("Only one prompt per request is supported (got a list).")
             prompt = prompt[0]
         if isinstance(prompt, str):
-            ids = engine.text_prompt_ids(prompt)
+            ids = engine.model.text_prompt_ids(prompt)
         else:
             ids = [int(t) for t in prompt]
         if body.echo:
@@ -211,7 +212,7 @@ async def _generate(
         )
     stop = [body.stop] if isinstance(body.stop, str) else list(body.stop or [])
     if max_tokens is None:
-        max_tokens = min(engine.default_max_tokens, engine.max_model_len - len(ids))
+        max_tokens = min(engine.default_max_tokens, engine.model.max_model_len - len(ids))
     sampling = Sampling(
         max_tokens=max_tokens,
         temperature=1.0 if body.temperature is None else body.temperature,
@@ -221,7 +222,7 @@ async def _generate(
     )
     loop = asyncio.get_running_loop()
     queue: asyncio.Queue[tuple[str, Any]] = asyncio.Queue()
-    adapter = None if body.model == engine.base_name else body.model
+    adapter = None if body.model == engine.model.name else body.model
     req = GenRequest(prompt_ids=ids, adapter=adapter, sampling=sampling, loop=loop, queue=queue)
     try:
         engine.submit(req)
