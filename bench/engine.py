@@ -1,11 +1,11 @@
 """Local engine benchmarks, with the bundled model on the CPU.
 
 Open loop (the default): Poisson arrivals at --rate requests/s over --adapters adapters and the
-base, max_tokens drawn from --min-tokens..--max-tokens, the same seeded schedule for the static
-and the continuous scheduler, in alternating slices (static first in odd slices, continuous
-first in even ones). Prints, per scheduler, the median over slices of TTFT p50/p99, queue time
-p50/p99 and tokens/s, with continuous/static ratios. TTFT and queue time are measured in the
-engine (arrival at submit, first sampled token, start of prefill): HTTP is not included.
+base, max_tokens drawn from --min-tokens..--max-tokens, one seeded schedule per slice. Prints
+each slice and the median over slices of TTFT p50/p99, queue time p50/p99 and tokens/s. TTFT
+and queue time are measured in the engine (arrival at submit, first sampled token, start of
+prefill): HTTP is not included. The comparison with the earlier static scheduler is in
+BENCHMARKS.md, "Local engine: continuous batching".
 
     .venv/bin/python bench/engine.py --rate 2 --requests 24 --slices 3
 
@@ -28,7 +28,8 @@ from typing import Any
 
 from app.core.config import get_settings
 from workers import base_model
-from workers.engine.core import Engine, GenRequest, Sampling
+from workers.engine.core import Engine
+from workers.engine.request import GenRequest, Sampling
 
 TOPICS = [
     "cats",
@@ -131,15 +132,14 @@ async def open_loop_slice(
     return stats, ttft
 
 
-async def open_loop(args: argparse.Namespace, engines: dict[str, Engine], names: list[str]) -> None:
-    any_engine = next(iter(engines.values()))
+async def open_loop(args: argparse.Namespace, engine: Engine, names: list[str]) -> None:
     prompts = [
-        any_engine.chat_prompt_ids([{"role": "user", "content": f"Write about {t}."}])
+        engine.model.chat_prompt_ids([{"role": "user", "content": f"Write about {t}."}])
         for t in TOPICS
     ]
     models: list[str | None] = [None, *names]
-    per: dict[str, list[dict[str, float]]] = {k: [] for k in engines}
-    pooled: dict[str, list[float]] = {k: [] for k in engines}
+    per: list[dict[str, float]] = []
+    pooled: list[float] = []
     for s in range(args.slices):
         rnd = random.Random(args.seed + s)
         at, jobs = 0.0, []
@@ -153,22 +153,20 @@ async def open_loop(args: argparse.Namespace, engines: dict[str, Engine], names:
                     rnd.randint(args.min_tokens, args.max_tokens),
                 )
             )
-        order = list(engines) if s % 2 == 0 else list(reversed(engines))
-        for kind in order:
-            result, ttft = await open_loop_slice(engines[kind], jobs)
-            per[kind].append(result)
-            pooled[kind] += ttft
-            print(
-                f"  slice {s + 1} {kind:<10} TTFT p50 {result['ttft_p50'] * 1000:7.0f} ms  "
-                f"p99 {result['ttft_p99'] * 1000:7.0f} ms  queue p50 "
-                f"{result['queue_p50'] * 1000:7.0f} ms  p99 {result['queue_p99'] * 1000:7.0f} ms  "
-                f"{result['tokens_s']:6.1f} tokens/s",
-                flush=True,
-            )
+        result, ttft = await open_loop_slice(engine, jobs)
+        per.append(result)
+        pooled += ttft
+        print(
+            f"  slice {s + 1} TTFT p50 {result['ttft_p50'] * 1000:7.0f} ms  "
+            f"p99 {result['ttft_p99'] * 1000:7.0f} ms  queue p50 "
+            f"{result['queue_p50'] * 1000:7.0f} ms  p99 {result['queue_p99'] * 1000:7.0f} ms  "
+            f"{result['tokens_s']:6.1f} tokens/s",
+            flush=True,
+        )
     print(
-        f"\n{args.requests} requests per slice, Poisson {args.rate} req/s, {args.slices} slices "
-        f"per scheduler, base + {len(names)} adapters, max_tokens {args.min_tokens}-"
-        f"{args.max_tokens} (greedy, {base_model.BUNDLED}, CPU, --max-num-seqs {args.max_num_seqs})"
+        f"\n{args.requests} requests per slice, Poisson {args.rate} req/s, {args.slices} slices, "
+        f"base + {len(names)} adapters, max_tokens {args.min_tokens}-{args.max_tokens} "
+        f"(greedy, {base_model.BUNDLED}, CPU, --max-num-seqs {args.max_num_seqs})"
     )
     keys = [
         ("TTFT p50 (ms)", "ttft_p50", 1000),
@@ -177,24 +175,17 @@ async def open_loop(args: argparse.Namespace, engines: dict[str, Engine], names:
         ("queue p99 (ms)", "queue_p99", 1000),
         ("tokens/s", "tokens_s", 1),
     ]
-    print(f"| median of {args.slices} slices | static | continuous | continuous/static |")
-    print("|---|---|---|---|")
+    print(f"| median of {args.slices} slices | value |")
+    print("|---|---|")
     for label, key, scale in keys:
-        st = statistics.median(r[key] for r in per["static"]) * scale
-        co = statistics.median(r[key] for r in per["continuous"]) * scale
-        ratio = f"{co / st:.2f}x" if st else "-"
-        print(f"| {label} | {st:.1f} | {co:.1f} | {ratio} |")
-    st99, co99 = pct(pooled["static"], 0.99), pct(pooled["continuous"], 0.99)
-    print(
-        f"pooled over all slices: TTFT p99 static {st99 * 1000:.0f} ms, continuous "
-        f"{co99 * 1000:.0f} ms ({co99 / st99:.2f}x)"
-    )
+        print(f"| {label} | {statistics.median(r[key] for r in per) * scale:.1f} |")
+    print(f"pooled over all slices: TTFT p99 {pct(pooled, 0.99) * 1000:.0f} ms")
 
 
 async def burst(args: argparse.Namespace, engine: Engine, names: list[str]) -> None:
     jobs = [
         (
-            engine.chat_prompt_ids(
+            engine.model.chat_prompt_ids(
                 [{"role": "user", "content": f"Write two sentences about {TOPICS[i % 8]}."}]
             ),
             names[i % len(names)],
@@ -213,7 +204,7 @@ async def burst(args: argparse.Namespace, engine: Engine, names: list[str]) -> N
     s_tps, b_tps = serial / serial_s, batched / batched_s
     print(
         f"{args.n} requests over {args.adapters} adapters, max_tokens={args.max_tokens} "
-        f"(greedy, {base_model.BUNDLED}, CPU, {engine.scheduler.name} scheduler)"
+        f"(greedy, {base_model.BUNDLED}, CPU)"
     )
     print(f"one at a time:        {serial} tokens in {serial_s:.1f} s = {s_tps:.1f} tokens/s")
     print(f"mixed-adapter batch:  {batched} tokens in {batched_s:.1f} s = {b_tps:.1f} tokens/s")
@@ -229,44 +220,35 @@ async def main() -> None:
     # open loop
     ap.add_argument("--rate", type=float, default=2.0, help="Poisson arrivals, requests/s")
     ap.add_argument("--requests", type=int, default=24, help="requests per slice")
-    ap.add_argument("--slices", type=int, default=3, help="slices per scheduler")
+    ap.add_argument("--slices", type=int, default=3, help="slices")
     ap.add_argument("--min-tokens", type=int, default=8)
     ap.add_argument("--seed", type=int, default=1)
     # burst
     ap.add_argument("--n", type=int, default=8, help="concurrent requests")
-    ap.add_argument("--scheduler", choices=("continuous", "static"), default="continuous")
     args = ap.parse_args()
     args.max_tokens = args.max_tokens or (32 if args.mode == "open" else 16)
     models_dir = get_settings().models_path
-    kinds = ["static", "continuous"] if args.mode == "open" else [args.scheduler]
-    engines = {
-        kind: Engine(
-            base_model.BUNDLED,
-            models_dir,
-            max_loras=args.adapters,
-            max_cpu_loras=args.adapters,
-            max_batch=args.max_num_seqs,
-            scheduler=kind,
-        )
-        for kind in kinds
-    }
+    engine = Engine(
+        base_model.BUNDLED,
+        models_dir,
+        max_loras=args.adapters,
+        max_cpu_loras=args.adapters,
+        max_batch=args.max_num_seqs,
+    )
     names = [f"bench-{i}" for i in range(args.adapters)]
     try:
         with tempfile.TemporaryDirectory() as tmp:
             for i, name in enumerate(names):
                 make_adapter(models_dir, Path(tmp) / name, seed=i)
-                for engine in engines.values():
-                    engine.load_adapter(name, str(Path(tmp) / name))
-            for engine in engines.values():
-                prompt = engine.chat_prompt_ids([{"role": "user", "content": "Hello"}])
-                await generate(engine, prompt, names[0], 2)  # warm-up
+                engine.load_adapter(name, str(Path(tmp) / name))
+            prompt = engine.model.chat_prompt_ids([{"role": "user", "content": "Hello"}])
+            await generate(engine, prompt, names[0], 2)  # warm-up
             if args.mode == "open":
-                await open_loop(args, engines, names)
+                await open_loop(args, engine, names)
             else:
-                await burst(args, engines[args.scheduler], names)
+                await burst(args, engine, names)
     finally:
-        for engine in engines.values():
-            engine.close()
+        engine.close()
 
 
 if __name__ == "__main__":

@@ -5,6 +5,7 @@ Real bundled model, real PEFT adapters, real HTTP server; generations are kept s
 
 from __future__ import annotations
 
+import argparse
 import asyncio
 import shutil
 import time
@@ -22,7 +23,8 @@ from tests.support.lora import make_adapter_dir
 from tests.support.servers import serve_app
 from workers import base_model
 from workers.engine.cli import add_arguments
-from workers.engine.core import Engine, GenRequest, Sampling
+from workers.engine.core import Engine
+from workers.engine.request import GenRequest, Sampling
 from workers.engine.server import create_app
 
 pytestmark = pytest.mark.slow
@@ -50,7 +52,7 @@ def adapter_dirs(models_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> 
 
 @pytest.fixture(scope="module")
 def engine(models_dir: Path, adapter_dirs: dict[str, Path]) -> Iterator[Engine]:
-    eng = Engine(BASE, models_dir, max_loras=4, max_cpu_loras=4, scheduler="continuous")
+    eng = Engine(BASE, models_dir, max_loras=4, max_cpu_loras=4)
     for name, path in adapter_dirs.items():
         eng.load_adapter(name, str(path))
     yield eng
@@ -62,7 +64,7 @@ def sample(engine: Engine, name: str) -> float:
 
 
 def steps(engine: Engine) -> float:
-    """Decode steps so far (continuous: one batch_size observation per step)."""
+    """Decode steps so far (one batch_size observation per step)."""
     return sample(engine, "cft_engine_batch_size_count")
 
 
@@ -119,7 +121,7 @@ def test_continuous_batch_equals_each_alone(engine: Engine) -> None:
     models = [None, "a", "b", "a", "b"]
     lengths = [7, 4, 8, 5, 6]
     specs = [
-        (engine.chat_prompt_ids([{"role": "user", "content": f"Write about {t}."}]), m, n)
+        (engine.model.chat_prompt_ids([{"role": "user", "content": f"Write about {t}."}]), m, n)
         for t, m, n in zip(topics, models, lengths, strict=True)
     ]
 
@@ -203,18 +205,17 @@ def test_http_streaming_and_stop_in_a_batch(engine: Engine) -> None:
         assert u_a == alone["a"][1] and u_b == alone[BASE][1]
         assert stopped == whole[: whole.index("6")] and why == "stop"
         text = httpx.get(url + "/metrics").text
-        assert 'cft_engine_scheduler{scheduler="continuous"} 1.0' in text
         assert "cft_engine_queue_time_seconds_count" in text
 
 
 def test_full_queue_answers_429_with_retry_after(engine: Engine) -> None:
     eng = engine
-    eng.max_waiting = 2
+    eng.scheduler.max_waiting = 2
     try:
         with serve_app(create_app(eng), ready_path="/health") as url:
             body = {"model": BASE, "prompt": "Hello", "max_tokens": 2, "temperature": 0}
             with ThreadPoolExecutor(2) as pool:
-                with eng.model_lock:  # the scheduler cannot take anything off the queue
+                with eng.model.lock:  # the scheduler cannot take anything off the queue
                     waiting = [
                         pool.submit(httpx.post, url + "/v1/completions", json=body, timeout=120)
                         for _ in range(2)
@@ -232,13 +233,15 @@ def test_full_queue_answers_429_with_retry_after(engine: Engine) -> None:
             assert "cft_engine_requests_rejected_total 1.0" in text
             assert 'status="429"' in text
     finally:
-        eng.max_waiting = 256
+        eng.scheduler.max_waiting = 256
 
 
 def test_unload_while_decoding_finishes_on_the_old_weights(
     engine: Engine, adapter_dirs: dict[str, Path]
 ) -> None:
-    prompt = engine.chat_prompt_ids([{"role": "user", "content": "Describe a quiet morning."}])
+    prompt = engine.model.chat_prompt_ids(
+        [{"role": "user", "content": "Describe a quiet morning."}]
+    )
     engine.load_adapter("live", str(adapter_dirs["a"]))
     alone = asyncio.run(Run(prompt, "live", 24)(engine))
 
@@ -252,12 +255,13 @@ def test_unload_while_decoding_finishes_on_the_old_weights(
             # Under the model lock no decode step runs, so the request is still decoding with the
             # old weights while the name is unloaded and loaded again (without it, a fast machine
             # finished the request between the two calls).
-            with engine.model_lock:
+            with engine.model.lock:
                 assert run.req is not None and run.req.finish_reason is None
                 engine.unload_adapter("live")
                 # Loaded again under the same name while the old one still decodes: its own key.
                 engine.load_adapter("live", str(adapter_dirs["b"]))
-                assert engine.adapters["live"].key != "live" and "live" in engine.retired
+                assert engine.adapters.by_name["live"].key != "live"
+                assert "live" in engine.adapters.retired
 
         await asyncio.to_thread(swap)
         return await task
@@ -265,35 +269,17 @@ def test_unload_while_decoding_finishes_on_the_old_weights(
     during = asyncio.run(unload_midway())
     assert during.tokens == alone.tokens and during.done == alone.done
     deadline = time.monotonic() + 10
-    while "live" in engine.resident and time.monotonic() < deadline:
+    while "live" in engine.adapters.resident and time.monotonic() < deadline:
         time.sleep(0.01)
-    assert "live" not in engine.resident and not engine.retired  # freed once it finished
+    # Freed once it finished.
+    assert "live" not in engine.adapters.resident and not engine.adapters.retired
     b_alone = asyncio.run(Run(prompt, "b", 4)(engine))
     assert asyncio.run(Run(prompt, "live", 4)(engine)).tokens == b_alone.tokens
     engine.unload_adapter("live")
 
 
-def test_static_scheduler_is_selectable(models_dir: Path, engine: Engine) -> None:
-    import argparse
-
+def test_batch_and_queue_flags_defaults() -> None:
     parser = argparse.ArgumentParser()
     add_arguments(parser)
     args = parser.parse_args([])
-    assert (args.scheduler, args.max_num_seqs, args.max_waiting_queue_length) == (
-        "continuous",
-        16,
-        256,
-    )
-    assert parser.parse_args(["--scheduler", "static"]).scheduler == "static"
-    static = Engine(BASE, models_dir, scheduler="static")
-    try:
-        prompt = static.chat_prompt_ids([{"role": "user", "content": "Name three colours."}])
-
-        async def pair(eng: Engine) -> list[list[int]]:
-            runs = await asyncio.gather(Run(prompt, None, 6)(eng), Run(prompt[:-3], None, 4)(eng))
-            return [r.tokens for r in runs]
-
-        assert asyncio.run(pair(static)) == asyncio.run(pair(engine))
-        assert static.scheduler.name == "static"
-    finally:
-        static.close()
+    assert (args.max_num_seqs, args.max_waiting_queue_length) == (16, 256)

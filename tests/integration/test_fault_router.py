@@ -58,7 +58,7 @@ def world(db_url: str, tmp_path: Path, adapter_dirs: list[Path]) -> World:
 def engine_process(models_dir: Path, port: int) -> Iterator[subprocess.Popen[bytes]]:
     """`python -m workers.engine` on port, as its own process; killed (if alive) after."""
     env = os.environ | {"CFT_HOME": str(models_dir.parent)}
-    cmd = [sys.executable, "-m", "workers.engine", "--port", str(port), "--batch-wait-ms", "5"]
+    cmd = [sys.executable, "-m", "workers.engine", "--port", str(port)]
     proc = subprocess.Popen(
         cmd, cwd=ROOT, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL
     )

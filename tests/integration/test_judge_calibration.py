@@ -45,7 +45,7 @@ LABELLED = [
 
 @pytest.fixture(scope="module")
 def judge_url(models_dir: Path) -> Iterator[str]:
-    eng = Engine(JUDGE, models_dir, max_loras=1, max_cpu_loras=1, batch_wait_ms=1)
+    eng = Engine(JUDGE, models_dir, max_loras=1, max_cpu_loras=1)
     try:
         with serve_app(create_engine_app(eng), ready_path="/health", timeout=120) as base:
             yield base

@@ -30,7 +30,7 @@ BASE = base_model.BUNDLED
 
 @contextmanager
 def engine_server(models_dir: Path, port: int) -> Iterator[str]:
-    eng = Engine(BASE, models_dir, max_loras=4, batch_wait_ms=5)
+    eng = Engine(BASE, models_dir, max_loras=4)
     try:
         with serve_app(create_engine_app(eng), ready_path="/health", port=port) as url:
             yield url

@@ -32,7 +32,7 @@ QV = ("q_proj", "v_proj")
 
 @pytest.fixture(scope="module")
 def engine_url(models_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
-    eng = Engine(BASE, models_dir, max_loras=4, batch_wait_ms=5)
+    eng = Engine(BASE, models_dir, max_loras=4)
     with serve_app(create_engine_app(eng), ready_path="/health") as url:
         yield url
     eng.close()

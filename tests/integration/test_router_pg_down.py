@@ -55,7 +55,7 @@ def test_calls_answer_while_postgres_is_down_and_logs_land_after(
         route = make_route(c, tenant_id=tenant["id"], base_model=BASE)
         key = create_key(c, tenant_id=tenant["id"], role="client")
     settings = get_settings().model_copy(update={"serving_dir": tmp_path / "serving"})
-    eng = Engine(BASE, models_dir, max_loras=1, batch_wait_ms=5)
+    eng = Engine(BASE, models_dir, max_loras=1)
     headers = {"Authorization": f"Bearer {key}"}
     body = {"model": route["name"], "prompt": "Hi", "max_tokens": 2, "user": "u"}
     try:

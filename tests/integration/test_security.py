@@ -182,7 +182,7 @@ def stack(
         max_body_bytes=MAX_BODY,
         user_hash_secret=SECRET,  # type: ignore[arg-type]
     )
-    eng = Engine(BASE, models_dir, max_loras=1, batch_wait_ms=5)
+    eng = Engine(BASE, models_dir, max_loras=1)
     try:
         with (
             serve_app(create_engine_app(eng), ready_path="/health") as engine_url,

@@ -146,7 +146,7 @@ def adapter_dir(models_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> P
 
 @pytest.fixture
 def engine(models_dir: Path) -> Iterator[str]:
-    eng = Engine(BASE, models_dir, max_loras=4, batch_wait_ms=5)
+    eng = Engine(BASE, models_dir, max_loras=4)
     try:
         with serve_app(create_engine_app(eng), ready_path="/health", port=free_port()) as url:
             yield url

@@ -61,3 +61,61 @@ def test_app_never_imports_workers() -> None:
         hit for path in sorted((ROOT / "app").rglob("*.py")) for hit in _imports_of_workers(path)
     ]
     assert found == []
+
+
+def _sibling_imports(package: Path) -> dict[str, set[str]]:
+    """Each module of a package and the modules of that package it imports, anywhere in it.
+
+    Imports under `if TYPE_CHECKING:` and inside functions count: they tie the modules together
+    as much as the others do.
+    """
+    prefix = ".".join(package.relative_to(ROOT).parts)
+    modules = {p.stem for p in package.glob("*.py")}
+    graph: dict[str, set[str]] = {}
+    for name in sorted(modules):
+        loaded: list[str] = []  # dotted names each import may load
+        for node in ast.walk(ast.parse((package / f"{name}.py").read_text())):
+            if isinstance(node, ast.Import):
+                loaded += [a.name for a in node.names]
+            elif isinstance(node, ast.ImportFrom) and node.level <= 1:
+                # `from pkg import mod` loads pkg.mod; `from . import mod` is relative to prefix.
+                base = ".".join(filter(None, [prefix if node.level else "", node.module]))
+                loaded += [base, *(f"{base}.{a.name}" for a in node.names)]
+        graph[name] = {
+            last
+            for head, _, last in (full.rpartition(".") for full in loaded)
+            if head == prefix and last in modules and last != name
+        }
+    return graph
+
+
+def _cycle(graph: dict[str, set[str]]) -> list[str]:
+    """One import cycle of the graph (its modules in order, the first repeated), or []."""
+    done: set[str] = set()
+
+    def visit(node: str, path: list[str]) -> list[str]:
+        if node in path:
+            return [*path[path.index(node) :], node]
+        if node in done:
+            return []
+        for nxt in sorted(graph[node]):
+            if found := visit(nxt, [*path, node]):
+                return found
+        done.add(node)
+        return []
+
+    for start in sorted(graph):
+        if found := visit(start, []):
+            return found
+    return []
+
+
+def test_cycle_finder_finds_a_cycle() -> None:
+    assert _cycle({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == ["a", "b", "c", "a"]
+    assert _cycle({"a": {"b", "c"}, "b": {"c"}, "c": set()}) == []
+
+
+def test_engine_modules_import_one_way() -> None:
+    graph = _sibling_imports(ROOT / "workers" / "engine")
+    assert {"core", "scheduler", "model"} <= graph.keys() and "model" in graph["scheduler"]
+    assert _cycle(graph) == []

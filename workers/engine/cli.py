@@ -7,7 +7,6 @@ import logging
 from typing import Any
 
 from app.core.config import get_settings
-from workers.engine.scheduler import SCHEDULERS
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -25,19 +24,6 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         type=int,
         default=256,
         help="most requests waiting for the batch; more are refused with 429 and Retry-After",
-    )
-    p.add_argument(
-        "--scheduler",
-        choices=SCHEDULERS,
-        default="continuous",
-        help="continuous: requests join the running batch at the next decode step; "
-        "static: a request waits for the running batch to finish",
-    )
-    p.add_argument(
-        "--batch-wait-ms",
-        type=float,
-        default=10.0,
-        help="static scheduler: how long to wait for requests to join a batch",
     )
     p.add_argument(
         "--lora-modules",
@@ -67,13 +53,11 @@ def run(args: argparse.Namespace) -> int:
         max_lora_rank=args.max_lora_rank,
         max_batch=args.max_num_seqs,
         max_waiting=args.max_waiting_queue_length,
-        batch_wait_ms=args.batch_wait_ms,
-        scheduler=args.scheduler,
     )
     for spec in args.lora_modules:
         name, _, path = spec.partition("=")
         engine.load_adapter(name, path)
-    print(f"cft engine serving {engine.base_name} on http://{args.host}:{args.port}", flush=True)
+    print(f"cft engine serving {engine.model.name} on http://{args.host}:{args.port}", flush=True)
     try:
         uvicorn.run(create_app(engine), host=args.host, port=args.port, **server_options())
     finally:

@@ -25,8 +25,7 @@ class EngineMetrics:
         )
         self.batch_size = Histogram(
             "cft_engine_batch_size",
-            "Requests decoded together: per batch (static scheduler) or per decode step "
-            "(continuous scheduler)",
+            "Requests decoded together, per decode step",
             registry=r,
             buckets=(1, 2, 3, 4, 6, 8, 12, 16, 32),
         )
@@ -58,11 +57,5 @@ class EngineMetrics:
         self.rejected = Counter(
             "cft_engine_requests_rejected_total",
             "Requests refused with 429 because the waiting queue was full",
-            registry=r,
-        )
-        self.scheduler = Gauge(
-            "cft_engine_scheduler",
-            "The engine's scheduler (1 for the one in use)",
-            ["scheduler"],
             registry=r,
         )
