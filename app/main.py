@@ -15,6 +15,7 @@ from app.core.db import database_url, make_pool
 from app.core.limits import BodyLimitMiddleware
 from app.core.metrics import MetricsMiddleware, serve_metrics
 from app.dashboard import router as dashboard_router
+from app.dashboard.layout import DashboardHeaders
 from app.datasets import router as datasets_router
 from app.evals import router as evals_router
 from app.experiments import router as experiments_router
@@ -90,6 +91,8 @@ def create_app(
     app.include_router(datasets_router.router)
     app.include_router(logs_router.router)
     app.include_router(otel_router.router)
+    # Inside the gateway's fast path (added before = further in): its calls never pass here.
+    app.add_middleware(DashboardHeaders)
     # Inside the body limit (added after = further out): the two gateway calls skip FastAPI's
     # per-request routing and dependency machinery, with the same handler code.
     app.add_middleware(fastpath.GatewayFastPath)

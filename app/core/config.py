@@ -40,6 +40,9 @@ class Settings(BaseSettings):
     partitions_ahead_weeks: int = Field(4, description="Weekly partitions created ahead of now.")
     max_batch_records: int = Field(1000, description="Most records in one POST /v1/logs.")
     max_body_bytes: int = Field(8 * 1024 * 1024, description="Largest accepted request body.")
+    dashboard_session_hours: float = Field(
+        12.0, gt=0, description="Hours a dashboard login lasts (then log in again)."
+    )
     base_model: str = Field(
         "smollm2-135m-instruct",
         description="Base model: the bundled SmolLM2-135M-Instruct, a HF model id or a local path.",

@@ -7,24 +7,14 @@ Prompts and answers are shown as escaped text."""
 from __future__ import annotations
 
 from datetime import UTC, datetime, timedelta
-from html import escape
 from typing import Any
 
 from fastapi import APIRouter, Request
 from fastapi.responses import Response
 
 from app.core.errors import BadRequest
-from app.dashboard.layout import (
-    PoolDep,
-    link,
-    login_page,
-    num,
-    options,
-    page,
-    reader,
-    tenant,
-    when,
-)
+from app.dashboard.layout import PoolDep, login_page, message_page, page, reader, tenant
+from app.dashboard.templating import url
 from app.experiments import service as experiments
 
 router = APIRouter(include_in_schema=False)
@@ -32,6 +22,7 @@ router = APIRouter(include_in_schema=False)
 ACTIVE = "/dashboard/calls"
 PAGE_SIZE = 50
 WINDOWS = ["1h", "24h", "7d", "30d", "90d"]
+VARIANTS = ["A", "B", "C", "D"]
 DEFAULT_WINDOW = "24h"
 # The window ends this far ahead of now (a caller's clock may run ahead of ours): the weekly
 # partitions made in advance stay out of the plan.
@@ -111,35 +102,9 @@ def _prompt(messages: Any) -> str:
     return content if isinstance(content, str) else str(content)
 
 
-def _feedback(r: dict[str, Any]) -> str:
-    out = []
-    if r["fb_explicit"] is not None and r["fb_explicit"] > 0:
-        out.append('<span class="fb up">thumbs up</span>')
-    elif r["fb_explicit"] is not None and r["fb_explicit"] < 0:
-        out.append('<span class="fb down">thumbs down</span>')
-    if r["fb_regen"]:
-        out.append('<span class="fb regen">regenerated</span>')
-    if r["fb_edited"]:
-        edited = escape(r["edited_completion"] or "")
-        out.append(
-            f'<details class="fb edited"><summary>edited</summary><pre class="text">{edited}'
-            "</pre></details>"
-        )
-    return " ".join(out) or '<span class="muted">none</span>'
-
-
-def _row(r: dict[str, Any]) -> str:
-    prompt = _prompt(r["messages"])
-    return (
-        f'<tr class="call" data-id="{r["id"]}"><td>{when(r["created_at"])}'
-        f'<div class="muted">{escape(str(r["request_id"]))[:8]}</div></td>'
-        f"<td>{escape(r['route'])}</td><td>{escape(r['adapter_id'])}</td>"
-        f"<td>{escape(r['variant'] or '–')}</td>"
-        f'<td><pre class="text prompt">{escape(prompt)}</pre></td>'
-        f'<td><pre class="text completion">{escape(r["completion"] or "")}</pre></td>'
-        f"<td>{_feedback(r)}</td><td class=n>{num(r['ttft_ms'])} ms"
-        f"<div class=muted>{num(r['tokens_in'])} → {num(r['tokens_out'])} tok</div></td></tr>"
-    )
+def _row(r: dict[str, Any]) -> dict[str, Any]:
+    """One logged call as shown (prompt: the last user message)."""
+    return r | {"prompt": _prompt(r["messages"])}
 
 
 @router.get("/dashboard/calls")
@@ -156,13 +121,12 @@ def calls_page(
     """A page of the tenant's logged calls, newest first, with filters and an 'older' link."""
     key = reader(request, pool)
     if key is None:
-        return login_page()
+        return login_page(request)
     try:
         delta = experiments.parse_window(window)
         cursor = _parse_cursor(before) if before else None
     except BadRequest as exc:
-        body = f'<section><p role="alert">{escape(exc.message)}</p></section>'
-        return page("logged calls", body, active=ACTIVE, status=400)
+        return message_page(request, "logged calls", exc.message, active=ACTIVE, status=400)
     feedback = feedback if feedback in FEEDBACK else None
     filters = {"route": route, "adapter": adapter, "variant": variant, "feedback": feedback}
     with tenant(key, pool) as conn:
@@ -177,30 +141,23 @@ def calls_page(
         ]
     more = len(rows) > PAGE_SIZE
     rows = rows[:PAGE_SIZE]
-    form = (
-        '<form class="filters" method="get">'
-        f"<label>route<select name=route>{options(routes, route)}</select></label>"
-        f'<label>adapter<input name=adapter list=adapters value="{escape(adapter or "")}">'
-        f"<datalist id=adapters>{options(adapters, None, blank='')}</datalist></label>"
-        f"<label>variant<select name=variant>{options(['A', 'B', 'C', 'D'], variant)}</select>"
-        f"</label><label>feedback<select name=feedback>{options(list(FEEDBACK), feedback)}"
-        f"</select></label><label>window<select name=window>"
-        f"{options(WINDOWS, window, blank=None)}</select></label>"
-        "<button>show</button></form>"
-    )
     pager = []
     if before:
-        pager.append(link(ACTIVE, text="« newest", window=window, **filters))
+        pager.append((url(ACTIVE, window=window, **filters), "« newest"))
     if more and rows:
-        pager.append(
-            link(ACTIVE, text="older ›", window=window, before=_cursor(rows[-1]), **filters)
-        )
-    body = (
-        f"<section><h2>Logged calls, last {escape(window)}, newest first</h2>{form}</section>"
-        "<section><table id=calls><tr><th>when</th><th>route</th><th>adapter</th><th>variant</th>"
-        "<th>prompt (last user message)</th><th>answer</th><th>feedback</th>"
-        "<th class=n>ttft, tokens</th></tr>"
-        + ("".join(_row(r) for r in rows) or "<tr><td colspan=8>no calls in this window</td></tr>")
-        + f'</table><div class="pager">{"".join(pager)}</div></section>'
+        pager.append((url(ACTIVE, window=window, before=_cursor(rows[-1]), **filters), "older ›"))
+    return page(
+        request,
+        "calls.html",
+        title="logged calls",
+        active=ACTIVE,
+        window=window,
+        windows=WINDOWS,
+        filters=filters,
+        feedbacks=list(FEEDBACK),
+        variants=VARIANTS,
+        routes=routes,
+        adapters=adapters,
+        calls=[_row(r) for r in rows],
+        pager=pager,
     )
-    return page("logged calls", body, active=ACTIVE)

@@ -1,12 +1,12 @@
-"""Server-side SVG line charts (no JavaScript, nothing fetched at run time).
+"""Server-side SVG line charts (no JavaScript, nothing fetched at run time): the geometry here,
+the markup in templates/_macros.html (`chart`).
 
 The x axis is time (datetime points, ticks as dates) or a number (a training step)."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from datetime import datetime
-from html import escape
 
 X = datetime | float
 
@@ -21,6 +21,55 @@ class Series:
     points: list[tuple[X, float]]
     band: list[tuple[X, float, float]] = field(default_factory=list)
     dashed: bool = False
+
+
+@dataclass(frozen=True)
+class YTick:
+    """A horizontal grid line and its label."""
+
+    y: str
+    label_y: str
+    label: str
+
+
+@dataclass(frozen=True)
+class XTick:
+    """A label under the x axis."""
+
+    x: str
+    anchor: str
+    label: str
+
+
+@dataclass(frozen=True)
+class Line:
+    """One series as drawn: its polyline's points, its band's polygon, its legend's place."""
+
+    label: str
+    color: str
+    points: str
+    band: str
+    dashed: bool
+    legend_x: int
+
+
+@dataclass(frozen=True)
+class Chart:
+    """What the `chart` macro draws."""
+
+    chart_id: str
+    title: str
+    width: int
+    height: int
+    left: int
+    right: int
+    n_series: int
+    n_points: int
+    empty: bool
+    y_ticks: list[YTick] = field(default_factory=list)
+    x_ticks: list[XTick] = field(default_factory=list)
+    lines: list[Line] = field(default_factory=list)
+    x_label: str | None = None
 
 
 def _ticks(lo: float, hi: float, count: int = 5) -> list[float]:
@@ -52,22 +101,27 @@ def line_chart(
     y_min: float | None = None,
     y_max: float | None = None,
     x_label: str | None = None,
-) -> str:
-    """An inline <svg> with one polyline per series and a translucent band for its interval."""
+) -> Chart:
+    """One polyline per series and a translucent band for its interval, scaled to the box."""
     left, right, top, bottom = 52, 12, 28, 44
     xs = [_x(p[0]) for s in series for p in s.points] + [_x(b[0]) for s in series for b in s.band]
     by_time = any(isinstance(p[0], datetime) for s in series for p in s.points)
     ys = [p[1] for s in series for p in s.points] + [
         v for s in series for b in s.band for v in (b[1], b[2])
     ]
-    head = (
-        f'<svg class="chart" id="{escape(chart_id)}" role="img" aria-label="{escape(title)}"'
-        f' viewBox="0 0 {width} {height}" width="{width}" height="{height}"'
-        f' data-series="{len(series)}" data-points="{sum(len(s.points) for s in series)}">'
-        f'<text x="{left}" y="16" class="title">{escape(title)}</text>'
+    empty = Chart(
+        chart_id=chart_id,
+        title=title,
+        width=width,
+        height=height,
+        left=left,
+        right=right,
+        n_series=len(series),
+        n_points=sum(len(s.points) for s in series),
+        empty=True,
     )
     if not xs or not ys:
-        return head + f'<text x="{left}" y="{height // 2}">no data</text></svg>'
+        return empty
     x0, x1 = min(xs), max(xs)
     lo = min(ys) if y_min is None else y_min
     hi = max(ys) if y_max is None else y_max
@@ -83,45 +137,34 @@ def line_chart(
     def sy(v: float) -> float:
         return top + (1 - (v - lo) / (hi - lo)) * ph
 
-    parts = [head]
-    for v in _ticks(lo, hi):
-        y = sy(v)
-        parts.append(
-            f'<line x1="{left}" x2="{width - right}" y1="{y:.1f}" y2="{y:.1f}" class="grid"/>'
-            f'<text x="{left - 6}" y="{y + 4:.1f}" text-anchor="end" class="tick">{_fmt(v)}</text>'
-        )
+    y_ticks = [YTick(f"{sy(v):.1f}", f"{sy(v) + 4:.1f}", _fmt(v)) for v in _ticks(lo, hi)]
+    x_ticks = []
     for k, t in enumerate(_ticks(x0, x1, 4)):
-        x = left + (t - x0) / (x1 - x0) * pw
         label = datetime.fromtimestamp(t).strftime("%m-%d %H:%M") if by_time else f"{t:.0f}"
-        anchor = ("start", "middle", "middle", "end")[k]
-        parts.append(
-            f'<text x="{x:.1f}" y="{height - 22}" text-anchor="{anchor}"'
-            f' class="tick">{label}</text>'
-        )
+        x = left + (t - x0) / (x1 - x0) * pw
+        x_ticks.append(XTick(f"{x:.1f}", ("start", "middle", "middle", "end")[k], label))
+    lines = []
     for i, s in enumerate(series):
-        color = PALETTE[i % len(PALETTE)]
+        band = ""
         if s.band:
             upper = " ".join(f"{sx(t):.1f},{sy(h):.1f}" for t, _, h in s.band)
             lower = " ".join(f"{sx(t):.1f},{sy(lw):.1f}" for t, lw, _ in reversed(s.band))
-            parts.append(
-                f'<polygon class="band" points="{upper} {lower}" fill="{color}"'
-                f' fill-opacity="0.15" stroke="none"/>'
+            band = f"{upper} {lower}"
+        lines.append(
+            Line(
+                label=s.label,
+                color=PALETTE[i % len(PALETTE)],
+                points=" ".join(f"{sx(t):.1f},{sy(v):.1f}" for t, v in s.points),
+                band=band,
+                dashed=s.dashed,
+                legend_x=left + 8 + i * 150,
             )
-        pts = " ".join(f"{sx(t):.1f},{sy(v):.1f}" for t, v in s.points)
-        dash = ' stroke-dasharray="4 3"' if s.dashed else ""
-        parts.append(
-            f'<polyline class="line" data-label="{escape(s.label)}" points="{pts}" fill="none"'
-            f' stroke="{color}" stroke-width="1.8"{dash}/>'
         )
-        lx = left + 8 + i * 150
-        parts.append(
-            f'<rect x="{lx}" y="{height - 8}" width="10" height="3" fill="{color}"/>'
-            f'<text x="{lx + 14}" y="{height - 3}" class="legend">{escape(s.label)}</text>'
-        )
-    if x_label:
-        parts.append(
-            f'<text x="{width - right}" y="{height - 8}" text-anchor="end"'
-            f' class="tick">{escape(x_label)}</text>'
-        )
-    parts.append("</svg>")
-    return "".join(parts)
+    return replace(
+        empty,
+        empty=False,
+        y_ticks=y_ticks,
+        x_ticks=x_ticks,
+        lines=lines,
+        x_label=x_label,
+    )

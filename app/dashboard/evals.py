@@ -5,25 +5,13 @@ serve.can_promote)."""
 
 from __future__ import annotations
 
-from html import escape
 from typing import Any
 
 from fastapi import APIRouter, Request
 from fastapi.responses import Response
 
 from app.adapters import service as adapters
-from app.dashboard.layout import (
-    PoolDep,
-    link,
-    login_page,
-    not_found,
-    num,
-    page,
-    pill,
-    reader,
-    tenant,
-    when,
-)
+from app.dashboard.layout import PoolDep, login_page, not_found, page, reader, tenant
 
 router = APIRouter(include_in_schema=False)
 
@@ -74,7 +62,7 @@ def evals_page(request: Request, pool: PoolDep) -> Response:
     """Adapters with eval results, newest first, and whether the gate lets each replace its prod."""
     key = reader(request, pool)
     if key is None:
-        return login_page()
+        return login_page(request)
     with tenant(key, pool) as conn:
         rows = conn.execute(
             "SELECT a.id, a.route, a.status, a.created_at, a.previous_prod_id, count(r.*) AS n"
@@ -86,25 +74,7 @@ def evals_page(request: Request, pool: PoolDep) -> Response:
             current, _ = _against(conn, a)
             found = adapters.blockers(conn, candidate=a["id"], current=current)
             items.append((a, current, found))
-    trs = "".join(
-        f'<tr class="adapter"><td>{link("/dashboard/evals", a["id"])}</td>'
-        f"<td>{escape(a['route'])}</td><td>{pill(a['status'])}</td><td class=n>{a['n']}</td>"
-        f"<td>{escape(current or '–')}</td><td>"
-        + (
-            f'<span class="blocker">blocked: {len(found)}</span>'
-            if found
-            else '<span class="ok">allowed</span>'
-        )
-        + f"</td><td>{when(a['created_at'])}</td></tr>"
-        for a, current, found in items
-    )
-    body = (
-        "<section><h2>Eval results by adapter</h2><table><tr><th>adapter</th><th>route</th>"
-        "<th>status</th><th class=n>results</th><th>compared with</th><th>gate</th>"
-        f"<th>created</th></tr>{trs or '<tr><td colspan=7>no eval results</td></tr>'}</table>"
-        "</section>"
-    )
-    return page("evals", body, active=ACTIVE)
+    return page(request, "evals.html", title="evals", active=ACTIVE, items=items)
 
 
 @router.get("/dashboard/evals/{adapter_id}")
@@ -112,11 +82,11 @@ def adapter_evals_page(adapter_id: str, request: Request, pool: PoolDep) -> Resp
     """Candidate, prod and base per suite and metric, and the gate's blockers."""
     key = reader(request, pool)
     if key is None:
-        return login_page()
+        return login_page(request)
     with tenant(key, pool) as conn:
         adapter = adapters.get_adapter(conn, adapter_id=adapter_id)
         if adapter is None:
-            return not_found(f"adapter {adapter_id}", ACTIVE)
+            return not_found(request, f"adapter {adapter_id}", ACTIVE)
         current, role = _against(conn, adapter)
         found = adapters.blockers(conn, candidate=adapter_id, current=current)
         rules = _rules(conn, adapter)
@@ -137,50 +107,35 @@ def adapter_evals_page(adapter_id: str, request: Request, pool: PoolDep) -> Resp
             why.setdefault((b["suite_id"], b["metric"]), []).append(b["reason"])
     keys = sorted(set(cand) | set(prod) | {k for k in why if k[0]})
 
-    def score(r: dict[str, Any] | None) -> str:
-        if r is None:
-            return "–"
-        return f"{num(r['score'], 4)} <span class=muted>{escape(r['author_role'])}</span>"
-
     rows = []
     for k in keys:
         c, p = cand.get(k), prod.get(k)
         diff = (
-            num(c["score"] - p["score"], 4)
+            c["score"] - p["score"]
             if c and p and c["score"] is not None and p["score"] is not None
-            else "–"
-        )
-        verdict = (
-            "".join(f'<div class="blocker">{escape(w)}</div>' for w in why[k])
-            if k in why
-            else '<span class="ok">ok</span>'
+            else None
         )
         rows.append(
-            f'<tr class="metric"><td>{escape(k[0])}</td><td>{escape(k[1])}</td>'
-            f"<td class=muted>{escape(rules.get(k, DEFAULT_RULE))}</td>"
-            f"<td class=n>{num(base.get(k), 4)}</td><td class=n>{score(p)}</td>"
-            f"<td class=n>{score(c)}</td><td class=n>{diff}</td><td>{verdict}</td></tr>"
+            {
+                "suite": k[0],
+                "metric": k[1],
+                "rule": rules.get(k, DEFAULT_RULE),
+                "base": base.get(k),
+                "prod": p,
+                "candidate": c,
+                "diff": diff,
+                "why": why.get(k, []),
+            }
         )
-    gate = (
-        '<p class="gate ok">the gate allows this adapter to replace '
-        f"{escape(current or 'nothing (the route has no prod)')}</p>"
-        if not found
-        else f'<p class="gate blocker">the gate refuses: {len(found)} blocker(s)</p>'
+    return page(
+        request,
+        "adapter_evals.html",
+        title=f"evals {adapter_id}",
+        active=ACTIVE,
+        adapter=adapter,
+        current=current,
+        role=role,
+        found=found,
+        general=general,
+        rows=rows,
     )
-    general_html = "".join(f'<li class="blocker">{escape(g)}</li>' for g in general)
-    body = (
-        f"<section><h2>{escape(adapter_id)} {pill(adapter['status'])} on "
-        f"{escape(adapter['route'])}</h2><p>compared with the {role}: "
-        + (link("/dashboard/evals", current) if current else "none")
-        + f" · {link('/dashboard/lineage', adapter_id, text='lineage')}</p>{gate}"
-        + (f'<ul class="general">{general_html}</ul>' if general_html else "")
-        + "</section><section><h2>Side by side</h2><table id=evals><tr><th>suite</th>"
-        "<th>metric</th><th>rule</th><th class=n>base</th>"
-        f"<th class=n>{role}</th><th class=n>candidate</th>"
-        "<th class=n>candidate − "
-        + role
-        + "</th><th>gate</th></tr>"
-        + ("".join(rows) or "<tr><td colspan=8>no eval results</td></tr>")
-        + "</table></section>"
-    )
-    return page(f"evals {adapter_id}", body, active=ACTIVE)

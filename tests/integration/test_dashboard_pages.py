@@ -29,6 +29,7 @@ from app.dashboard import calls
 from app.datasets import service as datasets
 from app.main import create_app
 from tests.support import db as testdb
+from tests.support.dashboard import login
 from tests.support.factories import make_adapter, make_log, make_route, make_tenant
 from tests.support.servers import serve_app
 from tests.support.traffic import make_traffic
@@ -221,7 +222,7 @@ def _loop_history(
 @contextmanager
 def _client(w: dict[str, Any], key: str) -> Iterator[httpx.Client]:
     with httpx.Client(base_url=w["base"], timeout=30) as client:
-        assert client.post("/dashboard/login", data={"key": key}).status_code == 303
+        assert login(client, key).status_code == 303
         yield client
 
 
@@ -285,7 +286,7 @@ def test_a_logged_script_is_shown_as_text(world: dict[str, Any]) -> None:
     with _client(world, world["reader"]) as http:
         html = http.get("/dashboard/calls", params={"feedback": "regenerated", "variant": "B"}).text
     assert "<script>alert" not in html
-    assert "&lt;script&gt;alert(&#x27;pwned&#x27;)&lt;/script&gt;" in html
+    assert "&lt;script&gt;alert(&#39;pwned&#39;)&lt;/script&gt;" in html
     assert html.count('class="call"') == 1  # the filters leave only that row
 
 
@@ -455,3 +456,42 @@ def _lineage(page: Any, w: dict[str, Any]) -> None:
     assert str(w["snapshot"]["id"]) in text and "volume" in text and "rollback worse" in text
     assert f"over {STEPS} logged steps" in text
     _shot(page, "lineage")
+
+
+def test_the_lineage_page_shows_markup_in_its_data_as_text(world: dict[str, Any]) -> None:
+    """Every free-text field the lineage page shows (eval suites, judges, the loop's reasons and
+    trigger values, the experiments worker's decisions, audit reasons) carries a script; ids and
+    route names cannot (their CHECK allows letters, digits and _.:- only)."""
+    c = world["conn"]
+    t = make_tenant(c)
+    route = make_route(c, tenant_id=t["id"], name="xss-route", experiment=XSS)
+    adapter = make_adapter(c, route=route, id="xss-route-v1", status="candidate")
+    c.execute(
+        "INSERT INTO train.eval_result (adapter_id, suite_id, metric, score, judge_model)"
+        " VALUES (%s, %s, %s, 0.5, %s)",
+        (adapter["id"], XSS, XSS, XSS),
+    )
+    c.execute(
+        "INSERT INTO loop.cycle (tenant_id, route, state, trigger, trigger_values, method,"
+        " method_reason, adapter_id, decision, decision_code, decision_reason)"
+        " VALUES (%s, %s, 'rejected', 'volume', %s, 'sft', %s, %s, 'retire', %s, %s)",
+        (t["id"], route["name"], Jsonb({"note": XSS}), XSS, adapter["id"], XSS, XSS),
+    )
+    c.execute(
+        "INSERT INTO serve.experiment_decision (route, tenant_id, experiment, canary_id,"
+        " action, code, metric, reason) VALUES (%s, %s, %s, %s, 'rollback', %s, %s, %s)",
+        (route["name"], t["id"], XSS, adapter["id"], XSS, XSS, XSS),
+    )
+    c.execute("UPDATE serve.adapter SET status = 'retired' WHERE id = %s", (adapter["id"],))
+    c.execute(
+        "UPDATE serve.adapter_event SET reason = %s WHERE adapter_id = %s", (XSS, adapter["id"])
+    )
+    reader = create_key(c, tenant_id=t["id"], role="reader")
+    with _client(world, reader) as http:
+        html = http.get(f"/dashboard/lineage/{adapter['id']}").text
+    assert "<script>" not in html, html
+    escaped = "&lt;script&gt;alert(&#39;pwned&#39;)&lt;/script&gt;"
+    # suite/metric, judge, method reason, loop decision code and reason, decision experiment,
+    # code, metric and reason, the audit reason; the trigger values as (escaped) JSON.
+    assert html.count(escaped) >= 10, html
+    assert "&#34;note&#34;: &#34;&lt;script&gt;" in html

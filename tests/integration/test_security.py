@@ -35,6 +35,7 @@ from app.core import auth
 from app.core.config import Settings
 from app.core.limits import MAX_HEADER_BYTES
 from app.gateway import keys
+from tests.support import dashboard
 from tests.support import db as testdb
 from tests.support.factories import make_adapter, make_log, make_route, make_tenant
 from tests.support.servers import serve_app
@@ -56,6 +57,8 @@ DASHBOARD = "/dashboard"
 # catches a role widened (or narrowed) by accident. A new endpoint is swept by its declared
 # roles, and must declare some.
 READ = frozenset({"reader", "trainer", "release", "admin"})
+# The dashboard only reads: an admin key is refused there (it logs in with a reader key).
+DASHBOARD_READ = frozenset({"reader", "trainer", "release"})
 EXPECTED: dict[str, frozenset[str]] = {
     "GET /v1/adapters": READ,
     "GET /v1/adapters/{adapter_id}": READ,
@@ -280,14 +283,17 @@ def test_every_role_can_do_only_what_its_role_allows(stack: Stack, tmp_path: Pat
                     assert_openai_error(resp, 403, "permission_error", label)
                     assert role in resp.json()["error"]["message"], label
                 swept += 1
-        # The dashboard takes its key once, at login, and only from reading roles.
+        # The dashboard takes its key once, at login, and only from reading roles (not admin).
         for role in auth.ROLES:
-            resp = http.post(
-                "/dashboard/login", data={"key": stack.keys_a[role]}, follow_redirects=False
-            )
-            assert resp.status_code == (303 if role in READ else 403), (role, resp.status_code)
-            if role in READ:
-                cookie = resp.headers["set-cookie"].lower()
+            with httpx.Client(base_url=stack.api, timeout=30) as browser:
+                resp = dashboard.login(browser, stack.keys_a[role])
+            assert resp.status_code == (303 if role in DASHBOARD_READ else 403), (role, resp.text)
+            if role in DASHBOARD_READ:
+                (cookie,) = [
+                    c.lower()
+                    for c in resp.headers.get_list("set-cookie")
+                    if c.startswith("cft_dashboard_session=")
+                ]
                 assert "httponly" in cookie and "samesite=strict" in cookie
     assert swept >= len(EXPECTED) * len(auth.ROLES)
 
@@ -567,11 +573,11 @@ def test_other_tenants_rows_never_come_back_through_lists_cursors_or_exports(
             },
         )
         assert 400 <= resp.status_code < 500, resp.text
-        # The dashboard, logged in as B, shows nothing of A either.
-        login = http.post("/dashboard/login", data={"key": kb}, follow_redirects=False)
-        assert login.status_code == 303
+        # The dashboard, logged in as B (a reader key: admin keys are refused), shows nothing
+        # of A either.
+        assert dashboard.login(http, stack.keys_b["reader"]).status_code == 303
         for page_path in ("/dashboard", "/dashboard/experiments/a-secret-exp"):
-            resp = http.get(page_path, cookies=login.cookies)
+            resp = http.get(page_path)
             clean(resp, page_path, sent=True)
     with stack.owner() as c:
         n = c.execute(
@@ -687,9 +693,7 @@ def test_sql_injection_strings_are_stored_as_data(stack: Stack) -> None:
                 for r in detail.json()["eval_results"]
             ), detail.text[:500]
         # The dashboard shows these strings (experiments, adapters of traffic) escaped.
-        login = http.post("/dashboard/login", data={"key": ka["reader"]}, follow_redirects=False)
-        assert login.status_code == 303
-        http.cookies = login.cookies
+        assert dashboard.login(http, ka["reader"]).status_code == 303
         html = http.get("/dashboard").text  # lists the experiments seen in traffic
         assert "<script>alert" not in html and "<img src=x" not in html
         assert "&lt;script&gt;alert(1)&lt;/script&gt;" in html

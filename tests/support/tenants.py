@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
@@ -22,6 +23,11 @@ def populate(
     t = make_tenant(conn, name=name)
     r = make_route(conn, tenant_id=t["id"], name=f"{name}-route", base_model=base_model)
     keys = {role: create_key(conn, tenant_id=t["id"], role=role) for role in ("admin", "reader")}
+    conn.execute(  # the reader logged in to the dashboard
+        "INSERT INTO auth.dashboard_session (token_hash, api_key_id, expires_at)"
+        " SELECT %s, id, now() + interval '1 hour' FROM auth.api_key WHERE prefix = %s",
+        (os.urandom(32), keys["reader"][:12]),
+    )
     now = datetime.now(UTC)
     logs = [
         make_log(conn, tenant_id=t["id"], route=r["name"], created_at=when)
@@ -130,6 +136,10 @@ def populate(
 COUNTS = {
     "tenant": "SELECT count(*) FROM tenant WHERE id = %(t)s",
     "auth.api_key": "SELECT count(*) FROM auth.api_key WHERE tenant_id = %(t)s",
+    "auth.dashboard_session": (
+        "SELECT count(*) FROM auth.dashboard_session s JOIN auth.api_key k"
+        " ON k.id = s.api_key_id WHERE k.tenant_id = %(t)s"
+    ),
     "auth.forget_request": "SELECT count(*) FROM auth.forget_request WHERE tenant_id = %(t)s",
     "obs.inference_log": "SELECT count(*) FROM obs.inference_log WHERE tenant_id = %(t)s",
     "obs.inference_log_default": (
