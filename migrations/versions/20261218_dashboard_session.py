@@ -7,14 +7,14 @@
 
 The downgrade drops them (every dashboard session ends: log in again).
 
-Revision ID: 20261216
-Revises: 20261215
+Revision ID: 20261218
+Revises: 20261217
 """
 
 from alembic import op
 
-revision = "20261216"
-down_revision = "20261215"
+revision = "20261218"
+down_revision = "20261217"
 branch_labels = None
 depends_on = None
 
