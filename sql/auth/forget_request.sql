@@ -14,6 +14,7 @@ COMMENT ON COLUMN auth.forget_request.adapters_tainted IS
 COMMENT ON COLUMN auth.forget_request.created_at IS 'When the user was forgotten.';
 
 ALTER TABLE auth.forget_request ENABLE ROW LEVEL SECURITY;
+DROP POLICY IF EXISTS tenant_isolation ON auth.forget_request;
 CREATE POLICY tenant_isolation ON auth.forget_request TO cft_app
   USING (tenant_id = auth.current_tenant_id());
 GRANT SELECT ON auth.forget_request TO cft_app;

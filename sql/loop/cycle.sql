@@ -104,11 +104,11 @@ BEGIN
   RETURN NULL;
 END
 $$;
-CREATE TRIGGER cycle_notify AFTER INSERT ON loop.cycle
+CREATE OR REPLACE TRIGGER cycle_notify AFTER INSERT ON loop.cycle
   FOR EACH ROW EXECUTE FUNCTION loop.notify();
-CREATE TRIGGER loop_training_run_notify AFTER UPDATE OF status ON train.training_run
+CREATE OR REPLACE TRIGGER loop_training_run_notify AFTER UPDATE OF status ON train.training_run
   FOR EACH ROW WHEN (NEW.status IN ('succeeded', 'failed', 'cancelled') AND OLD.status <> NEW.status)
   EXECUTE FUNCTION loop.notify();
-CREATE TRIGGER loop_eval_request_notify AFTER UPDATE OF status ON train.eval_request
+CREATE OR REPLACE TRIGGER loop_eval_request_notify AFTER UPDATE OF status ON train.eval_request
   FOR EACH ROW WHEN (NEW.status IN ('done', 'failed') AND OLD.status <> NEW.status)
   EXECUTE FUNCTION loop.notify();

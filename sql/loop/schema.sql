@@ -93,7 +93,7 @@ BEGIN
   RETURN NEW;
 END
 $$;
-CREATE TRIGGER policy_check BEFORE INSERT OR UPDATE ON loop.policy
+CREATE OR REPLACE TRIGGER policy_check BEFORE INSERT OR UPDATE ON loop.policy
   FOR EACH ROW EXECUTE FUNCTION loop.policy_check();
 
 -- The tenant of a route, for functions that run with owner rights: a caller scoped to a tenant

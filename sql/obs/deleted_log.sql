@@ -26,10 +26,10 @@ BEGIN
 END
 $$;
 
-CREATE TRIGGER inference_log_deleted_marked
+CREATE OR REPLACE TRIGGER inference_log_deleted_marked
   AFTER DELETE ON obs.inference_log
   FOR EACH ROW EXECUTE FUNCTION obs.deleted_log_record();
-CREATE TRIGGER inference_log_pii_marked
+CREATE OR REPLACE TRIGGER inference_log_pii_marked
   AFTER UPDATE OF pii_flags ON obs.inference_log
   FOR EACH ROW WHEN (NEW.pii_flags <> 0 AND OLD.pii_flags = 0)
   EXECUTE FUNCTION obs.deleted_log_record();

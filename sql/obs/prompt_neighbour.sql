@@ -103,15 +103,15 @@ BEGIN
 END
 $$;
 
-CREATE TRIGGER inference_log_embedded
+CREATE OR REPLACE TRIGGER inference_log_embedded
   AFTER INSERT ON obs.inference_log
   FOR EACH ROW WHEN (NEW.embedding IS NOT NULL)
   EXECUTE FUNCTION obs.prompt_neighbour_enqueue();
-CREATE TRIGGER inference_log_reembedded
+CREATE OR REPLACE TRIGGER inference_log_reembedded
   AFTER UPDATE OF embedding ON obs.inference_log
   FOR EACH ROW WHEN (NEW.embedding IS DISTINCT FROM OLD.embedding)
   EXECUTE FUNCTION obs.prompt_neighbour_enqueue();
-CREATE TRIGGER inference_log_dataset_signal
+CREATE OR REPLACE TRIGGER inference_log_dataset_signal
   AFTER UPDATE OF fb_explicit, fb_regen, fb_edited, pii_flags ON obs.inference_log
   FOR EACH ROW WHEN (NEW.embedding IS NOT NULL
                      AND obs.is_dataset_prompt(NEW.fb_explicit, NEW.fb_regen, NEW.fb_edited,
@@ -134,7 +134,7 @@ BEGIN
 END
 $$;
 
-CREATE TRIGGER inference_log_forget_neighbours
+CREATE OR REPLACE TRIGGER inference_log_forget_neighbours
   AFTER DELETE ON obs.inference_log REFERENCING OLD TABLE AS old_rows
   FOR EACH STATEMENT EXECUTE FUNCTION obs.prompt_neighbour_forget();
 
@@ -151,11 +151,15 @@ $$;
 ALTER TABLE obs.prompt_neighbour_scan ENABLE ROW LEVEL SECURITY;
 ALTER TABLE obs.prompt_neighbour ENABLE ROW LEVEL SECURITY;
 ALTER TABLE obs.prompt_embedding ENABLE ROW LEVEL SECURITY;  -- no policy, no grant: owner only
+DROP POLICY IF EXISTS tenant_isolation ON obs.prompt_neighbour_scan;
 CREATE POLICY tenant_isolation ON obs.prompt_neighbour_scan TO cft_app
   USING (tenant_id = auth.current_tenant_id());
+DROP POLICY IF EXISTS read_all ON obs.prompt_neighbour_scan;
 CREATE POLICY read_all ON obs.prompt_neighbour_scan FOR SELECT TO cft_dashboard USING (true);
+DROP POLICY IF EXISTS tenant_isolation ON obs.prompt_neighbour;
 CREATE POLICY tenant_isolation ON obs.prompt_neighbour TO cft_app
   USING (tenant_id = auth.current_tenant_id());
+DROP POLICY IF EXISTS read_all ON obs.prompt_neighbour;
 CREATE POLICY read_all ON obs.prompt_neighbour FOR SELECT TO cft_dashboard USING (true);
 GRANT SELECT ON obs.prompt_neighbour_scan, obs.prompt_neighbour TO cft_app, cft_dashboard;
 REVOKE ALL ON FUNCTION obs.prune_prompt_neighbours(timestamptz) FROM PUBLIC;

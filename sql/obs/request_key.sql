@@ -35,6 +35,6 @@ BEGIN
 END
 $$;
 
-CREATE TRIGGER inference_log_request_key_ins
+CREATE OR REPLACE TRIGGER inference_log_request_key_ins
   BEFORE INSERT ON obs.inference_log
   FOR EACH ROW EXECUTE FUNCTION obs.inference_log_request_key();

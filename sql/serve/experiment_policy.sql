@@ -79,12 +79,17 @@ COMMENT ON COLUMN serve.experiment_decision.numbers IS
 
 ALTER TABLE serve.experiment_policy ENABLE ROW LEVEL SECURITY;
 ALTER TABLE serve.experiment_decision ENABLE ROW LEVEL SECURITY;
+DROP POLICY IF EXISTS tenant_isolation ON serve.experiment_policy;
 CREATE POLICY tenant_isolation ON serve.experiment_policy TO cft_app
   USING (tenant_id = auth.current_tenant_id()) WITH CHECK (tenant_id = auth.current_tenant_id());
+DROP POLICY IF EXISTS tenant_isolation ON serve.experiment_decision;
 CREATE POLICY tenant_isolation ON serve.experiment_decision TO cft_app
   USING (tenant_id = auth.current_tenant_id()) WITH CHECK (tenant_id = auth.current_tenant_id());
+DROP POLICY IF EXISTS read_all ON serve.experiment_policy;
 CREATE POLICY read_all ON serve.experiment_policy FOR SELECT TO cft_dashboard, cft_release USING (true);
+DROP POLICY IF EXISTS read_all ON serve.experiment_decision;
 CREATE POLICY read_all ON serve.experiment_decision FOR SELECT TO cft_dashboard, cft_release USING (true);
+DROP POLICY IF EXISTS release_write ON serve.experiment_decision;
 CREATE POLICY release_write ON serve.experiment_decision FOR INSERT TO cft_release WITH CHECK (true);
 
 GRANT SELECT, INSERT, UPDATE, DELETE ON serve.experiment_policy TO cft_app;

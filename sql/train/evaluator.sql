@@ -41,17 +41,23 @@ COMMENT ON COLUMN train.eval_request.started_at IS 'When it was first claimed.';
 COMMENT ON COLUMN train.eval_request.finished_at IS 'When it ended, done or failed.';
 
 ALTER TABLE train.eval_suite ENABLE ROW LEVEL SECURITY;
+DROP POLICY IF EXISTS tenant_isolation ON train.eval_suite;
 CREATE POLICY tenant_isolation ON train.eval_suite TO cft_app
   USING (tenant_id = auth.current_tenant_id()) WITH CHECK (tenant_id = auth.current_tenant_id());
+DROP POLICY IF EXISTS read_all ON train.eval_suite;
 CREATE POLICY read_all ON train.eval_suite FOR SELECT TO cft_dashboard, cft_release USING (true);
 ALTER TABLE train.eval_case ENABLE ROW LEVEL SECURITY;
+DROP POLICY IF EXISTS tenant_isolation ON train.eval_case;
 CREATE POLICY tenant_isolation ON train.eval_case TO cft_app
   USING (EXISTS (SELECT 1 FROM train.eval_suite s WHERE s.id = suite_id))
   WITH CHECK (EXISTS (SELECT 1 FROM train.eval_suite s WHERE s.id = suite_id));
+DROP POLICY IF EXISTS read_all ON train.eval_case;
 CREATE POLICY read_all ON train.eval_case FOR SELECT TO cft_dashboard, cft_release USING (true);
 ALTER TABLE train.eval_request ENABLE ROW LEVEL SECURITY;
+DROP POLICY IF EXISTS tenant_isolation ON train.eval_request;
 CREATE POLICY tenant_isolation ON train.eval_request TO cft_app
   USING (tenant_id = auth.current_tenant_id()) WITH CHECK (tenant_id = auth.current_tenant_id());
+DROP POLICY IF EXISTS read_all ON train.eval_request;
 CREATE POLICY read_all ON train.eval_request FOR SELECT TO cft_dashboard, cft_release USING (true);
 
 GRANT SELECT, INSERT, UPDATE, DELETE ON train.eval_suite, train.eval_case TO cft_app;
@@ -66,7 +72,7 @@ BEGIN
   RETURN NULL;
 END
 $$;
-CREATE TRIGGER eval_request_notify AFTER INSERT ON train.eval_request
+CREATE OR REPLACE TRIGGER eval_request_notify AFTER INSERT ON train.eval_request
   FOR EACH ROW EXECUTE FUNCTION train.eval_notify();
 
 CREATE OR REPLACE FUNCTION serve.adapter_candidate_notify() RETURNS trigger
@@ -76,7 +82,7 @@ BEGIN
   RETURN NULL;
 END
 $$;
-CREATE TRIGGER adapter_candidate_notify AFTER INSERT OR UPDATE OF status ON serve.adapter
+CREATE OR REPLACE TRIGGER adapter_candidate_notify AFTER INSERT OR UPDATE OF status ON serve.adapter
   FOR EACH ROW WHEN (NEW.status = 'candidate') EXECUTE FUNCTION serve.adapter_candidate_notify();
 
 -- An evaluator claims one request, first queueing one for every candidate never evaluated.

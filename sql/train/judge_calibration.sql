@@ -57,7 +57,7 @@ BEGIN
   RETURN NEW;
 END
 $$;
-CREATE TRIGGER eval_calibration_case_author BEFORE INSERT OR UPDATE ON train.eval_calibration_case
+CREATE OR REPLACE TRIGGER eval_calibration_case_author BEFORE INSERT OR UPDATE ON train.eval_calibration_case
   FOR EACH ROW EXECUTE FUNCTION train.calibration_case_author();
 
 -- Record one judge's run over a suite's calibration set: p_verdicts is a JSON array of
@@ -117,19 +117,25 @@ END
 $$;
 
 ALTER TABLE train.eval_calibration_case ENABLE ROW LEVEL SECURITY;
+DROP POLICY IF EXISTS tenant_isolation ON train.eval_calibration_case;
 CREATE POLICY tenant_isolation ON train.eval_calibration_case TO cft_app
   USING (EXISTS (SELECT 1 FROM train.eval_suite s WHERE s.id = suite_id))
   WITH CHECK (EXISTS (SELECT 1 FROM train.eval_suite s WHERE s.id = suite_id));
+DROP POLICY IF EXISTS read_all ON train.eval_calibration_case;
 CREATE POLICY read_all ON train.eval_calibration_case FOR SELECT TO cft_dashboard, cft_release
   USING (true);
 ALTER TABLE train.judge_calibration ENABLE ROW LEVEL SECURITY;
+DROP POLICY IF EXISTS tenant_isolation ON train.judge_calibration;
 CREATE POLICY tenant_isolation ON train.judge_calibration FOR SELECT TO cft_app
   USING (EXISTS (SELECT 1 FROM train.eval_suite s WHERE s.id = suite_id));
+DROP POLICY IF EXISTS read_all ON train.judge_calibration;
 CREATE POLICY read_all ON train.judge_calibration FOR SELECT TO cft_dashboard, cft_release
   USING (true);
 ALTER TABLE train.judge_verdict ENABLE ROW LEVEL SECURITY;
+DROP POLICY IF EXISTS tenant_isolation ON train.judge_verdict;
 CREATE POLICY tenant_isolation ON train.judge_verdict FOR SELECT TO cft_app
   USING (EXISTS (SELECT 1 FROM train.judge_calibration j WHERE j.id = calibration_id));
+DROP POLICY IF EXISTS read_all ON train.judge_verdict;
 CREATE POLICY read_all ON train.judge_verdict FOR SELECT TO cft_dashboard, cft_release
   USING (true);
 

@@ -16,7 +16,7 @@ BEGIN
 END
 $$;
 
-CREATE TRIGGER training_run_notify AFTER INSERT OR UPDATE OF status, cancel_requested
+CREATE OR REPLACE TRIGGER training_run_notify AFTER INSERT OR UPDATE OF status, cancel_requested
   ON train.training_run FOR EACH ROW EXECUTE FUNCTION train.training_run_notify();
 
 -- Fail expired runs that have no attempts left; cancel expired runs whose cancel was requested.
