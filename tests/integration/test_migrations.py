@@ -130,7 +130,7 @@ def test_cft_migrate_creates_an_empty_database_from_sql(new_db, fresh_catalog) -
 
 
 def test_state_history_and_code_equal_a_fresh_apply_of_sql(new_db, fresh_catalog) -> None:
-    """A database the baseline made, brought to head by cft migrate: the catalog of sql/."""
+    """A database the baseline made, brought up to date by cft migrate: the catalog of sql/."""
     names = migrations.migration_names()
     assert names[0] == migrations.BASELINE
     with psycopg.connect(new_db) as c:
