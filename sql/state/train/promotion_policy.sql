@@ -15,7 +15,7 @@ CREATE TABLE train.promotion_policy (
   tolerance  numeric NOT NULL DEFAULT 0.02 CHECK (tolerance >= 0 AND tolerance < 1),
   required   boolean NOT NULL DEFAULT true,
   created_at timestamptz NOT NULL DEFAULT now(),
-  trusted_authors text[] NOT NULL,  -- DEFAULT train.default_trusted_authors(): code
+  trusted_authors text[] NOT NULL,  -- its DEFAULT calls code: train/promotion_policy.sql
   min_judge_kappa numeric NOT NULL DEFAULT 0.6 CHECK (min_judge_kappa BETWEEN -1 AND 1)
 );
 CREATE UNIQUE INDEX promotion_policy_key ON train.promotion_policy (coalesce(route, ''), suite_id, metric);
