@@ -55,8 +55,8 @@ RUN useradd --create-home --uid 10001 --user-group cft \
  && chown -R 10001:10001 /var/lib/cft /srv/adapters
 COPY --from=build /opt/venv /opt/venv
 WORKDIR /opt/cft
-# Migrations and SQL files are read from the source tree at run time.
-COPY --chown=10001:10001 alembic.ini ./
+# sql/ and migrations/ are read from the source tree at run time: PYTHONPATH puts its app/
+# ahead of the installed copy, whose sql/ would be looked for in site-packages.
 COPY --chown=10001:10001 migrations ./migrations
 COPY --chown=10001:10001 sql ./sql
 COPY --chown=10001:10001 app ./app
@@ -64,7 +64,7 @@ COPY --chown=10001:10001 workers ./workers
 COPY --chown=10001:10001 cft_sdk ./cft_sdk
 # HF_HUB_OFFLINE=1: the bundled models need no network; services that download a base model
 # from the Hub (trainer, evaluator) turn it off in docker-compose.yml.
-ENV PATH=/opt/venv/bin:$PATH PYTHONUNBUFFERED=1 \
+ENV PATH=/opt/venv/bin:$PATH PYTHONPATH=/opt/cft PYTHONUNBUFFERED=1 \
     CFT_HOME=/var/lib/cft CFT_HOST=0.0.0.0 CFT_PORT=8080 \
     HF_HOME=/var/lib/cft/hf HF_HUB_OFFLINE=1
 USER 10001:10001

@@ -44,8 +44,8 @@ last week stay in DEFAULT).
 from __future__ import annotations
 
 import argparse
+import ast
 import hashlib
-import importlib.util
 import json
 import os
 import statistics
@@ -112,10 +112,11 @@ def make_records(n: int) -> list[dict[str, Any]]:
     ]
 
 
-# The SQL migration 20261213 replaced (its downgrade text): the "before" of the A/B rounds,
-# every embedded row searched and indexed (20261211-20261212), against now: only the rows with a
-# dataset signal (obs.is_dataset_prompt).
-MIGRATION = ROOT / "migrations" / "versions" / "20261213_dataset_prompt_search.py"
+# The SQL migration 20261213 replaced (its downgrade text), read from the commit before the
+# migrations were rebased: the "before" of the A/B rounds, every embedded row searched and
+# indexed (20261211-20261212), against now: only the rows with a dataset signal
+# (obs.is_dataset_prompt).
+MIGRATION = "445784a:migrations/versions/20261213_dataset_prompt_search.py"
 
 
 def _block(sql: str, start: str, end: str) -> str:
@@ -125,11 +126,13 @@ def _block(sql: str, start: str, end: str) -> str:
 
 
 def _before_20261213() -> str:
-    spec = importlib.util.spec_from_file_location("m20261213", MIGRATION)
-    assert spec is not None and spec.loader is not None
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return str(mod.DOWNGRADE_SQL)
+    source = subprocess.run(
+        ["git", "-C", str(ROOT), "show", MIGRATION], capture_output=True, text=True, check=True
+    ).stdout
+    for node in ast.parse(source).body:
+        if isinstance(node, ast.Assign) and ast.unparse(node.targets[0]) == "DOWNGRADE_SQL":
+            return str(ast.literal_eval(node.value))
+    raise LookupError(f"no DOWNGRADE_SQL in {MIGRATION}")
 
 
 OLD_SQL = _before_20261213()

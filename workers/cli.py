@@ -72,9 +72,7 @@ def _db(args: argparse.Namespace) -> int:
 
 
 def _migrate(args: argparse.Namespace) -> int:
-    url = database_url()
-    migrate(url, args.revision)
-    print(f"database migrated to {args.revision}")
+    print(migrate(database_url()))
     return 0
 
 
@@ -114,8 +112,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("psql_args", nargs=argparse.REMAINDER, help="extra arguments for psql")
     p.set_defaults(func=_db)
 
-    p = sub.add_parser("migrate", help="upgrade the database schema")
-    p.add_argument("revision", nargs="?", default="head")
+    p = sub.add_parser(
+        "migrate", help="create the schema, or run pending migrations and changed SQL code"
+    )
     p.set_defaults(func=_migrate)
 
     p = sub.add_parser("serve", help="run the API server (control plane + router)")

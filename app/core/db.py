@@ -4,14 +4,13 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 from contextlib import contextmanager
-from pathlib import Path
 from typing import Any
 
 import psycopg
 from psycopg.rows import dict_row
 from psycopg_pool import ConnectionPool
 
-from app.core import embedded
+from app.core import embedded, migrations
 from app.core.config import Settings, get_settings
 
 # Embedded server settings: small machine, durable data (fsync stays on outside tests).
@@ -32,15 +31,6 @@ def database_url(settings: Settings | None = None, *, start: bool = True) -> str
     if st.url is None:
         raise RuntimeError(f"the embedded database at {settings.pgdata} is not running (cft db up)")
     return st.url
-
-
-def sqlalchemy_url(url: str | None = None) -> str:
-    """The same URL in SQLAlchemy's psycopg 3 dialect form."""
-    url = url or database_url()
-    for prefix in ("postgresql+psycopg://", "postgresql://", "postgres://"):
-        if url.startswith(prefix):
-            return "postgresql+psycopg://" + url[len(prefix) :]
-    return url
 
 
 def connect(url: str | None = None, *, autocommit: bool = False) -> Connection:
@@ -90,46 +80,9 @@ def tenant_transaction(
         yield conn
 
 
-# Revisions of the schema before it was rebased (pre-1.0): a database at one of them cannot be
-# upgraded, only made again.
-PRE_REBASE_REVISIONS = frozenset(f"{n:04d}" for n in range(1, 17))
-
-
-def migrate(url: str | None = None, revision: str = "head") -> None:
-    """Upgrade the database schema (alembic) to revision."""
-    _refuse_pre_rebase(url or database_url())
-    _alembic("upgrade", url, revision)
-
-
-def _refuse_pre_rebase(url: str) -> None:
-    with psycopg.connect(url) as conn:
-        if conn.execute("SELECT to_regclass('public.alembic_version') IS NOT NULL").fetchone() == (
-            False,
-        ):
-            return
-        row = conn.execute("SELECT version_num FROM alembic_version").fetchone()
-    if row is not None and row[0] in PRE_REBASE_REVISIONS:
-        raise RuntimeError(
-            f"this database is at schema revision {row[0]}, from before the schema was rebased"
-            " (pre-1.0): it cannot be upgraded. Make it again: for the embedded database,"
-            " `cft db down` and remove CFT_HOME/pgdata (default .cft/pgdata)."
-        )
-
-
-def downgrade(url: str | None = None, revision: str = "base") -> None:
-    """Downgrade the database schema (alembic) to revision."""
-    _alembic("downgrade", url, revision)
-
-
-def _alembic(command: str, url: str | None, revision: str) -> None:
-    from alembic import command as alembic_command
-    from alembic.config import Config
-
-    root = Path(__file__).resolve().parents[2]
-    cfg = Config(str(root / "alembic.ini"))
-    cfg.set_main_option("script_location", str(root / "migrations"))
-    cfg.set_main_option("sqlalchemy.url", sqlalchemy_url(url).replace("%", "%%"))
-    getattr(alembic_command, command)(cfg, revision)
+def migrate(url: str | None = None) -> migrations.Outcome:
+    """Bring the database's schema to sql/ (app/core/migrations.py)."""
+    return migrations.run(url or database_url())
 
 
 def server_versions(conn: Connection) -> dict[str, str]:

@@ -1,15 +1,5 @@
--- Dashboard sessions: a login keeps a random token in an HttpOnly cookie and only its sha256 here
--- (never the API key). Read by the API's owner connection before a tenant is known, as
--- auth.api_key is: no grants to the tenant-scoped roles.
-CREATE TABLE auth.dashboard_session (
-  token_hash  bytea PRIMARY KEY,
-  api_key_id  bigint NOT NULL REFERENCES auth.api_key(id) ON DELETE CASCADE,
-  created_at  timestamptz NOT NULL DEFAULT now(),
-  expires_at  timestamptz NOT NULL,
-  CHECK (expires_at > created_at)
-);
-CREATE INDEX dashboard_session_api_key_idx ON auth.dashboard_session (api_key_id);
-CREATE INDEX dashboard_session_expires_idx ON auth.dashboard_session (expires_at);
+-- Dashboard sessions (the table: sql/state/auth/dashboard_session.sql): comments, and the
+-- trigger that ends a revoked key's sessions.
 COMMENT ON TABLE auth.dashboard_session IS
   'Logged-in dashboard sessions: a session reads as its key''s tenant and role until it expires, '
   'the key is revoked or the user logs out.';
@@ -31,7 +21,7 @@ END
 $$;
 COMMENT ON FUNCTION auth.end_dashboard_sessions() IS
   'Trigger of auth.api_key: deletes the dashboard sessions of a key when it is revoked.';
-CREATE TRIGGER api_key_revoked_ends_sessions
+CREATE OR REPLACE TRIGGER api_key_revoked_ends_sessions
   AFTER UPDATE OF revoked_at ON auth.api_key
   FOR EACH ROW WHEN (NEW.revoked_at IS NOT NULL AND OLD.revoked_at IS NULL)
   EXECUTE FUNCTION auth.end_dashboard_sessions();

@@ -1,15 +1,3 @@
--- The audit of forgotten users: the pseudonym, what was done and when; never the raw user id.
-CREATE TABLE auth.forget_request (
-  id                   bigint GENERATED ALWAYS AS IDENTITY PRIMARY KEY,
-  tenant_id            int NOT NULL REFERENCES tenant(id) ON DELETE CASCADE,
-  user_hash            bytea NOT NULL,         -- HMAC-SHA256 of the user id (as in obs.inference_log)
-  logs_deleted         int NOT NULL,
-  request_keys_deleted int NOT NULL,
-  snapshots_tainted    int NOT NULL,
-  adapters_tainted     int NOT NULL,
-  created_at           timestamptz NOT NULL DEFAULT now()
-);
-CREATE INDEX forget_request_tenant_idx ON auth.forget_request (tenant_id, created_at);
 COMMENT ON TABLE auth.forget_request IS
   'One row per forget request: pseudonym, counts and time only (no personal data in clear).';
 COMMENT ON COLUMN auth.forget_request.id IS
@@ -26,6 +14,7 @@ COMMENT ON COLUMN auth.forget_request.adapters_tainted IS
 COMMENT ON COLUMN auth.forget_request.created_at IS 'When the user was forgotten.';
 
 ALTER TABLE auth.forget_request ENABLE ROW LEVEL SECURITY;
+DROP POLICY IF EXISTS tenant_isolation ON auth.forget_request;
 CREATE POLICY tenant_isolation ON auth.forget_request TO cft_app
   USING (tenant_id = auth.current_tenant_id());
 GRANT SELECT ON auth.forget_request TO cft_app;

@@ -9,7 +9,9 @@ LANGUAGE sql STABLE PARALLEL SAFE AS $$
 $$;
 
 ALTER TABLE tenant ENABLE ROW LEVEL SECURITY;
+DROP POLICY IF EXISTS tenant_self ON tenant;
 CREATE POLICY tenant_self ON tenant TO cft_app USING (id = auth.current_tenant_id());
+DROP POLICY IF EXISTS tenant_read ON tenant;
 CREATE POLICY tenant_read ON tenant FOR SELECT TO cft_dashboard, cft_release USING (true);
 
 DO $$
@@ -20,6 +22,8 @@ BEGIN
                            'serve.adapter_event', 'train.dataset_snapshot', 'train.training_run']
   LOOP
     EXECUTE format('ALTER TABLE %s ENABLE ROW LEVEL SECURITY', t);
+    EXECUTE format('DROP POLICY IF EXISTS tenant_isolation ON %s', t);
+    EXECUTE format('DROP POLICY IF EXISTS read_all ON %s', t);
     EXECUTE format('CREATE POLICY tenant_isolation ON %s TO cft_app
                       USING (tenant_id = auth.current_tenant_id())
                       WITH CHECK (tenant_id = auth.current_tenant_id())', t);
@@ -29,26 +33,34 @@ END
 $$;
 
 -- Release managers change status and traffic of any adapter (the gate trigger still applies).
+DROP POLICY IF EXISTS release_update ON serve.adapter;
 CREATE POLICY release_update ON serve.adapter FOR UPDATE TO cft_release USING (true) WITH CHECK (true);
 
 ALTER TABLE train.dataset_example ENABLE ROW LEVEL SECURITY;
+DROP POLICY IF EXISTS tenant_isolation ON train.dataset_example;
 CREATE POLICY tenant_isolation ON train.dataset_example TO cft_app
   USING (EXISTS (SELECT 1 FROM train.dataset_snapshot s WHERE s.id = snapshot_id));
+DROP POLICY IF EXISTS read_all ON train.dataset_example;
 CREATE POLICY read_all ON train.dataset_example FOR SELECT TO cft_dashboard, cft_release USING (true);
 
 ALTER TABLE train.eval_result ENABLE ROW LEVEL SECURITY;
+DROP POLICY IF EXISTS tenant_isolation ON train.eval_result;
 CREATE POLICY tenant_isolation ON train.eval_result TO cft_app
   USING (EXISTS (SELECT 1 FROM serve.adapter a WHERE a.id = adapter_id))
   WITH CHECK (EXISTS (SELECT 1 FROM serve.adapter a WHERE a.id = adapter_id));
+DROP POLICY IF EXISTS read_all ON train.eval_result;
 CREATE POLICY read_all ON train.eval_result FOR SELECT TO cft_dashboard, cft_release USING (true);
 
 ALTER TABLE train.promotion_policy ENABLE ROW LEVEL SECURITY;
+DROP POLICY IF EXISTS tenant_isolation ON train.promotion_policy;
 CREATE POLICY tenant_isolation ON train.promotion_policy TO cft_app
   USING (route IS NULL OR EXISTS (SELECT 1 FROM serve.route r WHERE r.name = route))
   WITH CHECK (route IS NOT NULL AND EXISTS (SELECT 1 FROM serve.route r WHERE r.name = route));
+DROP POLICY IF EXISTS read_all ON train.promotion_policy;
 CREATE POLICY read_all ON train.promotion_policy FOR SELECT TO cft_dashboard, cft_release USING (true);
 
 -- A key may delete only its own routes' rules, never the global ones.
 
+DROP POLICY IF EXISTS own_rules_only ON train.promotion_policy;
 CREATE POLICY own_rules_only ON train.promotion_policy AS RESTRICTIVE FOR DELETE TO cft_app
   USING (route IS NOT NULL);

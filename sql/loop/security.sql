@@ -5,17 +5,24 @@
 ALTER TABLE loop.policy ENABLE ROW LEVEL SECURITY;
 ALTER TABLE loop.cycle ENABLE ROW LEVEL SECURITY;
 ALTER TABLE loop.cycle_event ENABLE ROW LEVEL SECURITY;
+DROP POLICY IF EXISTS tenant_isolation ON loop.policy;
 CREATE POLICY tenant_isolation ON loop.policy TO cft_app
   USING (tenant_id = auth.current_tenant_id()) WITH CHECK (tenant_id = auth.current_tenant_id());
+DROP POLICY IF EXISTS tenant_isolation ON loop.cycle;
 CREATE POLICY tenant_isolation ON loop.cycle TO cft_app
   USING (tenant_id = auth.current_tenant_id()) WITH CHECK (tenant_id = auth.current_tenant_id());
+DROP POLICY IF EXISTS tenant_isolation ON loop.cycle_event;
 CREATE POLICY tenant_isolation ON loop.cycle_event TO cft_app
   USING (tenant_id = auth.current_tenant_id()) WITH CHECK (tenant_id = auth.current_tenant_id());
+DROP POLICY IF EXISTS read_all ON loop.policy;
 CREATE POLICY read_all ON loop.policy FOR SELECT TO cft_dashboard, cft_release USING (true);
+DROP POLICY IF EXISTS read_all ON loop.cycle;
 CREATE POLICY read_all ON loop.cycle FOR SELECT TO cft_dashboard, cft_release USING (true);
+DROP POLICY IF EXISTS read_all ON loop.cycle_event;
 CREATE POLICY read_all ON loop.cycle_event FOR SELECT TO cft_dashboard, cft_release USING (true);
 -- One row, the same for every tenant: readable by all, written only through loop.set_control.
 ALTER TABLE loop.control ENABLE ROW LEVEL SECURITY;
+DROP POLICY IF EXISTS read_all ON loop.control;
 CREATE POLICY read_all ON loop.control FOR SELECT TO cft_app, cft_dashboard, cft_release USING (true);
 
 -- The kill switch: who and why are kept with it.

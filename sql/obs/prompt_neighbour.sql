@@ -31,24 +31,6 @@ LANGUAGE sql IMMUTABLE PARALLEL SAFE AS $$
 $$;
 COMMENT ON FUNCTION obs.is_dataset_prompt(smallint, boolean, boolean, smallint) IS
   'A log row carries a signal some candidate view reads (thumbs, edit, regeneration) and no PII.';
-
-CREATE TABLE obs.prompt_neighbour_scan (
-  log_id         bigint NOT NULL,
-  created_at     timestamptz NOT NULL,
-  tenant_id      int NOT NULL,
-  route          text NOT NULL,
-  radius         double precision,     -- NULL: pending (a candidate); else the search radius used
-  max_neighbours int,                  -- k of that search
-  prompt_hash    bytea,                -- train.prompt_hash(messages), set with radius
-  scanned_at     timestamptz,
-  candidate      boolean NOT NULL DEFAULT false, -- obs.is_dataset_prompt: searched and indexed
-  PRIMARY KEY (log_id, created_at)
-);
--- The queue (partial: only candidates pending) and the snapshot's range read of a route.
-CREATE INDEX prompt_neighbour_scan_pending_idx
-  ON obs.prompt_neighbour_scan (created_at) WHERE radius IS NULL AND candidate;
-CREATE INDEX prompt_neighbour_scan_route_idx
-  ON obs.prompt_neighbour_scan (tenant_id, route, created_at);
 COMMENT ON TABLE obs.prompt_neighbour_scan IS
   'Per embedded log row: a dataset candidate or not; neighbours searched (radius, k) or pending.';
 COMMENT ON COLUMN obs.prompt_neighbour_scan.log_id IS 'id of the embedded obs.inference_log row.';
@@ -67,28 +49,6 @@ COMMENT ON COLUMN obs.prompt_neighbour_scan.scanned_at IS 'When it was searched.
 COMMENT ON COLUMN obs.prompt_neighbour_scan.candidate IS
   'The row has a signal a dataset uses (obs.is_dataset_prompt): only '
   'candidates are searched and indexed.';
-
--- The search reads this instead of obs.inference_log: the log is partitioned by week with an
--- HNSW index per partition, so a kNN over the log is one HNSW search per partition (3 at
--- 110,000 rows, ~9 for a 60-day route) merged, with heap fetches of wide log rows; here it is
--- one search over narrow rows. A table of its own, not a column of prompt_neighbour_scan:
--- marking a row searched changes radius (the queue index's predicate), so that UPDATE is never
--- HOT and would insert the row into the HNSW index again. Written only for candidates, when an
--- embedding is set or changes or the row gets its signal; the cascade removes it with its scan
--- row (forget, prune, offboarding).
--- ~0.8 KB of heap and ~1 KB of HNSW index per row at 384 dimensions (BENCHMARKS.md).
-CREATE TABLE obs.prompt_embedding (
-  log_id     bigint NOT NULL,
-  created_at timestamptz NOT NULL,
-  tenant_id  int NOT NULL,                -- the log row's, as the search filters on them
-  route      text NOT NULL,
-  embedding  halfvec(__EMBEDDING_DIM__) NOT NULL,
-  PRIMARY KEY (log_id, created_at),
-  FOREIGN KEY (log_id, created_at)
-    REFERENCES obs.prompt_neighbour_scan (log_id, created_at) ON DELETE CASCADE
-);
-CREATE INDEX prompt_embedding_embedding_idx
-  ON obs.prompt_embedding USING hnsw (embedding halfvec_cosine_ops);
 COMMENT ON TABLE obs.prompt_embedding IS
   'Per embedded candidate log row: its prompt embedding, for the near-duplicate search (HNSW).';
 COMMENT ON COLUMN obs.prompt_embedding.log_id IS 'id of the candidate obs.inference_log row.';
@@ -99,20 +59,6 @@ COMMENT ON COLUMN obs.prompt_embedding.tenant_id IS
 COMMENT ON COLUMN obs.prompt_embedding.route IS 'The log row''s route: the search stays within it.';
 COMMENT ON COLUMN obs.prompt_embedding.embedding IS
   'The prompt''s embedding, copied from obs.inference_log.embedding.';
-
-CREATE TABLE obs.prompt_neighbour (
-  tenant_id    int NOT NULL,
-  route        text NOT NULL,
-  a_id         bigint NOT NULL,          -- the older end: (a_created_at, a_id) < (b_created_at, b_id)
-  a_created_at timestamptz NOT NULL,
-  b_id         bigint NOT NULL,
-  b_created_at timestamptz NOT NULL,
-  distance     double precision NOT NULL, -- cosine distance of the two prompt embeddings
-  PRIMARY KEY (a_id, b_id)
-);
-CREATE INDEX prompt_neighbour_b_idx ON obs.prompt_neighbour (b_id);
-CREATE INDEX prompt_neighbour_route_idx
-  ON obs.prompt_neighbour (tenant_id, route, b_created_at);
 COMMENT ON TABLE obs.prompt_neighbour IS
   'Near-duplicate prompts (same tenant and route, within the search radius), each pair once.';
 COMMENT ON COLUMN obs.prompt_neighbour.tenant_id IS 'The tenant of both rows.';
@@ -157,15 +103,15 @@ BEGIN
 END
 $$;
 
-CREATE TRIGGER inference_log_embedded
+CREATE OR REPLACE TRIGGER inference_log_embedded
   AFTER INSERT ON obs.inference_log
   FOR EACH ROW WHEN (NEW.embedding IS NOT NULL)
   EXECUTE FUNCTION obs.prompt_neighbour_enqueue();
-CREATE TRIGGER inference_log_reembedded
+CREATE OR REPLACE TRIGGER inference_log_reembedded
   AFTER UPDATE OF embedding ON obs.inference_log
   FOR EACH ROW WHEN (NEW.embedding IS DISTINCT FROM OLD.embedding)
   EXECUTE FUNCTION obs.prompt_neighbour_enqueue();
-CREATE TRIGGER inference_log_dataset_signal
+CREATE OR REPLACE TRIGGER inference_log_dataset_signal
   AFTER UPDATE OF fb_explicit, fb_regen, fb_edited, pii_flags ON obs.inference_log
   FOR EACH ROW WHEN (NEW.embedding IS NOT NULL
                      AND obs.is_dataset_prompt(NEW.fb_explicit, NEW.fb_regen, NEW.fb_edited,
@@ -188,7 +134,7 @@ BEGIN
 END
 $$;
 
-CREATE TRIGGER inference_log_forget_neighbours
+CREATE OR REPLACE TRIGGER inference_log_forget_neighbours
   AFTER DELETE ON obs.inference_log REFERENCING OLD TABLE AS old_rows
   FOR EACH STATEMENT EXECUTE FUNCTION obs.prompt_neighbour_forget();
 
@@ -205,11 +151,15 @@ $$;
 ALTER TABLE obs.prompt_neighbour_scan ENABLE ROW LEVEL SECURITY;
 ALTER TABLE obs.prompt_neighbour ENABLE ROW LEVEL SECURITY;
 ALTER TABLE obs.prompt_embedding ENABLE ROW LEVEL SECURITY;  -- no policy, no grant: owner only
+DROP POLICY IF EXISTS tenant_isolation ON obs.prompt_neighbour_scan;
 CREATE POLICY tenant_isolation ON obs.prompt_neighbour_scan TO cft_app
   USING (tenant_id = auth.current_tenant_id());
+DROP POLICY IF EXISTS read_all ON obs.prompt_neighbour_scan;
 CREATE POLICY read_all ON obs.prompt_neighbour_scan FOR SELECT TO cft_dashboard USING (true);
+DROP POLICY IF EXISTS tenant_isolation ON obs.prompt_neighbour;
 CREATE POLICY tenant_isolation ON obs.prompt_neighbour TO cft_app
   USING (tenant_id = auth.current_tenant_id());
+DROP POLICY IF EXISTS read_all ON obs.prompt_neighbour;
 CREATE POLICY read_all ON obs.prompt_neighbour FOR SELECT TO cft_dashboard USING (true);
 GRANT SELECT ON obs.prompt_neighbour_scan, obs.prompt_neighbour TO cft_app, cft_dashboard;
 REVOKE ALL ON FUNCTION obs.prune_prompt_neighbours(timestamptz) FROM PUBLIC;

@@ -103,11 +103,11 @@ BEGIN
 END
 $$;
 
-CREATE TRIGGER adapter_before_write
+CREATE OR REPLACE TRIGGER adapter_before_write
   BEFORE INSERT OR UPDATE ON serve.adapter
   FOR EACH ROW EXECUTE FUNCTION serve.adapter_before_write();
 
-CREATE TRIGGER adapter_audit
+CREATE OR REPLACE TRIGGER adapter_audit
   AFTER INSERT OR UPDATE OR DELETE ON serve.adapter
   FOR EACH ROW EXECUTE FUNCTION serve.adapter_audit();
 

@@ -200,10 +200,10 @@ COMMENT ON FUNCTION serve.rollback(text, text) IS
 -- adapter_before_write, so the old prod is retired (and audited) before the outer row's actor is
 -- recorded and its canary budget checked. AFTER: 'adapter_audit' writes the event first, then
 -- 'adapter_gate_after' annotates it and restores on rollback.
-CREATE TRIGGER adapter_a_gate
+CREATE OR REPLACE TRIGGER adapter_a_gate
   BEFORE INSERT OR UPDATE ON serve.adapter
   FOR EACH ROW EXECUTE FUNCTION serve.adapter_gate();
 
-CREATE TRIGGER adapter_gate_after
+CREATE OR REPLACE TRIGGER adapter_gate_after
   AFTER UPDATE ON serve.adapter
   FOR EACH ROW EXECUTE FUNCTION serve.adapter_gate_after();

@@ -23,9 +23,7 @@ END
 $$;
 REVOKE ALL ON FUNCTION serve.route_base_guard() FROM PUBLIC;
 
-DROP TRIGGER IF EXISTS route_base_guard ON serve.route;
-CREATE TRIGGER route_base_guard BEFORE INSERT OR UPDATE OF base_model ON serve.route
+CREATE OR REPLACE TRIGGER route_base_guard BEFORE INSERT OR UPDATE OF base_model ON serve.route
   FOR EACH ROW EXECUTE FUNCTION serve.route_base_guard();
-DROP TRIGGER IF EXISTS adapter_base_guard ON serve.adapter;
-CREATE TRIGGER adapter_base_guard BEFORE INSERT OR UPDATE OF id ON serve.adapter
+CREATE OR REPLACE TRIGGER adapter_base_guard BEFORE INSERT OR UPDATE OF id ON serve.adapter
   FOR EACH ROW EXECUTE FUNCTION serve.route_base_guard();

@@ -69,6 +69,7 @@ BEGIN
 END
 $$;
 
+DROP TRIGGER IF EXISTS adapter_route_notify ON serve.adapter;
 CREATE CONSTRAINT TRIGGER adapter_route_notify
   AFTER INSERT OR DELETE OR UPDATE OF id, route, status, traffic_pct, created_at ON serve.adapter
   DEFERRABLE INITIALLY DEFERRED
@@ -85,6 +86,7 @@ BEGIN
 END
 $$;
 
+DROP TRIGGER IF EXISTS route_notify ON serve.route;
 CREATE CONSTRAINT TRIGGER route_notify
   AFTER DELETE OR UPDATE OF name, tenant_id, base_model, experiment ON serve.route
   DEFERRABLE INITIALLY DEFERRED

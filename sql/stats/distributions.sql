@@ -2,7 +2,6 @@
 -- reproduce every number with psql. Exact to ~1e-12 against scipy.stats (tested): the Student t
 -- CDF goes through the regularised incomplete beta function (Lentz continued fraction), the
 -- normal through erfc (PostgreSQL 16+), quantiles through safeguarded Newton steps.
-CREATE SCHEMA IF NOT EXISTS stats;
 COMMENT ON SCHEMA stats IS 'Distribution functions used by the experiment metrics (obs.experiment_*).';
 
 -- Φ(z), the standard normal CDF.

@@ -28,6 +28,7 @@
 -- unique index.
 
 -- SFT from edits: the user's corrected text is the golden completion.
+DROP MATERIALIZED VIEW IF EXISTS train.sft_candidate;
 CREATE MATERIALIZED VIEW train.sft_candidate AS
 SELECT c.*, sha256(convert_to(c.example::text, 'UTF8')) AS example_hash,
        NULL::boolean AS dup_check_off
@@ -52,6 +53,7 @@ CREATE UNIQUE INDEX sft_candidate_key ON train.sft_candidate (prompt_log_id, pro
 CREATE INDEX sft_candidate_route_idx ON train.sft_candidate (tenant_id, route, created_at);
 
 -- KTO from thumbs: only explicit non-zero feedback (NULL and 0 carry no label).
+DROP MATERIALIZED VIEW IF EXISTS train.kto_candidate;
 CREATE MATERIALIZED VIEW train.kto_candidate AS
 SELECT c.*, sha256(convert_to(c.example::text, 'UTF8')) AS example_hash,
        NULL::boolean AS dup_check_off
@@ -82,6 +84,7 @@ CREATE INDEX kto_candidate_route_idx ON train.kto_candidate (tenant_id, route, c
 --    silently dropped NULLs, i.e. most children). Against DPO's length bias the chosen length
 --    must lie within 0.5-2.5x the rejected one (tokens_out; characters when a count is missing).
 --  * 'edit': the user's edited text is chosen over the original completion.
+DROP MATERIALIZED VIEW IF EXISTS train.pair_candidate;
 CREATE MATERIALIZED VIEW train.pair_candidate AS
 SELECT c.*, sha256(convert_to(c.example::text, 'UTF8')) AS example_hash,
        NULL::boolean AS dup_check_off

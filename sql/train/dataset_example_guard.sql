@@ -19,10 +19,10 @@ BEGIN
 END
 $$;
 
-CREATE TRIGGER dataset_example_immutable
+CREATE OR REPLACE TRIGGER dataset_example_immutable
   BEFORE UPDATE OR DELETE ON train.dataset_example
   FOR EACH ROW EXECUTE FUNCTION train.dataset_example_immutable();
-CREATE TRIGGER dataset_example_no_truncate
+CREATE OR REPLACE TRIGGER dataset_example_no_truncate
   BEFORE TRUNCATE ON train.dataset_example
   FOR EACH STATEMENT EXECUTE FUNCTION train.dataset_example_immutable();
 
@@ -55,10 +55,10 @@ BEGIN
 END
 $$;
 
-CREATE TRIGGER dataset_snapshot_immutable
+CREATE OR REPLACE TRIGGER dataset_snapshot_immutable
   BEFORE UPDATE OR DELETE ON train.dataset_snapshot
   FOR EACH ROW EXECUTE FUNCTION train.dataset_snapshot_immutable();
-CREATE TRIGGER dataset_snapshot_no_truncate
+CREATE OR REPLACE TRIGGER dataset_snapshot_no_truncate
   BEFORE TRUNCATE ON train.dataset_snapshot
   FOR EACH STATEMENT EXECUTE FUNCTION train.dataset_snapshot_immutable();
 
@@ -98,14 +98,14 @@ BEGIN
 END
 $$;
 
-CREATE TRIGGER dataset_example_snapshot_moved
+CREATE OR REPLACE TRIGGER dataset_example_snapshot_moved
   BEFORE UPDATE OF snapshot_id ON train.dataset_example
   FOR EACH ROW WHEN (NEW.snapshot_id IS DISTINCT FROM OLD.snapshot_id)
   EXECUTE FUNCTION train.dataset_example_snapshot_ref();
-CREATE TRIGGER dataset_snapshot_cascade_examples
+CREATE OR REPLACE TRIGGER dataset_snapshot_cascade_examples
   AFTER DELETE ON train.dataset_snapshot REFERENCING OLD TABLE AS old_rows
   FOR EACH STATEMENT EXECUTE FUNCTION train.dataset_snapshot_example_ref();
-CREATE TRIGGER dataset_snapshot_id_referenced
+CREATE OR REPLACE TRIGGER dataset_snapshot_id_referenced
   BEFORE UPDATE OF id ON train.dataset_snapshot
   FOR EACH ROW WHEN (NEW.id IS DISTINCT FROM OLD.id)
   EXECUTE FUNCTION train.dataset_snapshot_example_ref();
@@ -147,7 +147,7 @@ BEGIN
 END
 $$;
 
-CREATE TRIGGER dataset_example_insert_checked
+CREATE OR REPLACE TRIGGER dataset_example_insert_checked
   BEFORE INSERT ON train.dataset_example
   FOR EACH ROW
   WHEN (NEW.snapshot_id::text IS DISTINCT FROM current_setting('cft.writing_snapshot', true))

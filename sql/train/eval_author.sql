@@ -82,11 +82,13 @@ BEGIN
   RETURN NEW;
 END
 $$;
-CREATE TRIGGER eval_result_author BEFORE INSERT OR UPDATE ON train.eval_result
+CREATE OR REPLACE TRIGGER eval_result_author BEFORE INSERT OR UPDATE ON train.eval_result
   FOR EACH ROW EXECUTE FUNCTION train.eval_result_author();
 
 -- The release role records results too (its own or an external harness's): they count.
 GRANT INSERT, UPDATE ON train.eval_result TO cft_release;
+DROP POLICY IF EXISTS release_write ON train.eval_result;
 CREATE POLICY release_write ON train.eval_result FOR INSERT TO cft_release WITH CHECK (true);
+DROP POLICY IF EXISTS release_update ON train.eval_result;
 CREATE POLICY release_update ON train.eval_result FOR UPDATE TO cft_release
   USING (true) WITH CHECK (true);

@@ -1,18 +1,5 @@
 -- The evaluator: task suites per route, evaluation requests, and the default global policy.
 
--- A task suite: prompts with checks, scored as a pass rate (eval_result suite_id = id).
--- Ids carry no ':' so they never collide with the held-out suites 'heldout:<snapshot id>'.
-CREATE TABLE train.eval_suite (
-  id          text PRIMARY KEY CHECK (id ~ '^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$' AND id <> 'heldout'),
-  tenant_id   int NOT NULL REFERENCES tenant(id) ON DELETE CASCADE,
-  route       text,            -- NULL = every route of the tenant
-  name        text NOT NULL,
-  kind        text NOT NULL DEFAULT 'task' CHECK (kind IN ('task', 'judge')),
-  rubric      text,            -- kind judge: what the judge model scores (0-10)
-  created_at  timestamptz NOT NULL DEFAULT now(),
-  FOREIGN KEY (route, tenant_id) REFERENCES serve.route (name, tenant_id) ON DELETE CASCADE
-);
-CREATE INDEX eval_suite_route_idx ON train.eval_suite (tenant_id, route);
 COMMENT ON COLUMN train.eval_suite.id IS
   'The suite''s id (eval_result.suite_id); no '':'', so it never '
   'collides with heldout:<snapshot id>.';
@@ -25,16 +12,6 @@ COMMENT ON COLUMN train.eval_suite.kind IS
 COMMENT ON COLUMN train.eval_suite.rubric IS
   'Kind judge: what the judge scores (0-10); NULL: the configured default (CFT_EVAL_JUDGE_RUBRIC).';
 COMMENT ON COLUMN train.eval_suite.created_at IS 'When the suite was created.';
-
-CREATE TABLE train.eval_case (
-  id          bigint GENERATED ALWAYS AS IDENTITY PRIMARY KEY,
-  suite_id    text NOT NULL REFERENCES train.eval_suite(id) ON DELETE CASCADE,
-  messages    jsonb NOT NULL CHECK (jsonb_typeof(messages) = 'array'),
-  check_kind  text NOT NULL CHECK (check_kind IN ('exact', 'contains', 'regex', 'json_schema', 'max_length')),
-  expected    jsonb NOT NULL,
-  max_tokens  int NOT NULL DEFAULT 32 CHECK (max_tokens BETWEEN 1 AND 4096)
-);
-CREATE INDEX eval_case_suite_idx ON train.eval_case (suite_id, id);
 COMMENT ON COLUMN train.eval_case.id IS 'The case''s number (cases run in this order).';
 COMMENT ON COLUMN train.eval_case.suite_id IS 'The suite it belongs to.';
 COMMENT ON COLUMN train.eval_case.messages IS
@@ -47,25 +24,6 @@ COMMENT ON COLUMN train.eval_case.expected IS
   'a pattern, a JSON Schema, or a length in characters.';
 COMMENT ON COLUMN train.eval_case.max_tokens IS
   'Most tokens the answer may have (1-4096, default 32).';
-
--- One evaluation of one adapter: asked for over REST, or queued by the worker for a new candidate.
-CREATE TABLE train.eval_request (
-  id           bigint GENERATED ALWAYS AS IDENTITY PRIMARY KEY,
-  tenant_id    int NOT NULL REFERENCES tenant(id) ON DELETE CASCADE,
-  adapter_id   text NOT NULL REFERENCES serve.adapter(id) ON DELETE CASCADE,
-  status       text NOT NULL DEFAULT 'queued' CHECK (status IN ('queued', 'running', 'done', 'failed')),
-  requested_by text,
-  worker_id    text,
-  lease_until  timestamptz,
-  attempts     int NOT NULL DEFAULT 0,
-  error        text,
-  created_at   timestamptz NOT NULL DEFAULT now(),
-  started_at   timestamptz,
-  finished_at  timestamptz
-);
--- At most one open request per adapter: a second ask while one is open is the same request.
-CREATE UNIQUE INDEX eval_request_open_idx ON train.eval_request (adapter_id)
-  WHERE status IN ('queued', 'running');
 COMMENT ON COLUMN train.eval_request.id IS 'The request''s number (claimed in this order).';
 COMMENT ON COLUMN train.eval_request.tenant_id IS 'The adapter''s tenant.';
 COMMENT ON COLUMN train.eval_request.adapter_id IS 'The adapter to evaluate.';
@@ -83,17 +41,23 @@ COMMENT ON COLUMN train.eval_request.started_at IS 'When it was first claimed.';
 COMMENT ON COLUMN train.eval_request.finished_at IS 'When it ended, done or failed.';
 
 ALTER TABLE train.eval_suite ENABLE ROW LEVEL SECURITY;
+DROP POLICY IF EXISTS tenant_isolation ON train.eval_suite;
 CREATE POLICY tenant_isolation ON train.eval_suite TO cft_app
   USING (tenant_id = auth.current_tenant_id()) WITH CHECK (tenant_id = auth.current_tenant_id());
+DROP POLICY IF EXISTS read_all ON train.eval_suite;
 CREATE POLICY read_all ON train.eval_suite FOR SELECT TO cft_dashboard, cft_release USING (true);
 ALTER TABLE train.eval_case ENABLE ROW LEVEL SECURITY;
+DROP POLICY IF EXISTS tenant_isolation ON train.eval_case;
 CREATE POLICY tenant_isolation ON train.eval_case TO cft_app
   USING (EXISTS (SELECT 1 FROM train.eval_suite s WHERE s.id = suite_id))
   WITH CHECK (EXISTS (SELECT 1 FROM train.eval_suite s WHERE s.id = suite_id));
+DROP POLICY IF EXISTS read_all ON train.eval_case;
 CREATE POLICY read_all ON train.eval_case FOR SELECT TO cft_dashboard, cft_release USING (true);
 ALTER TABLE train.eval_request ENABLE ROW LEVEL SECURITY;
+DROP POLICY IF EXISTS tenant_isolation ON train.eval_request;
 CREATE POLICY tenant_isolation ON train.eval_request TO cft_app
   USING (tenant_id = auth.current_tenant_id()) WITH CHECK (tenant_id = auth.current_tenant_id());
+DROP POLICY IF EXISTS read_all ON train.eval_request;
 CREATE POLICY read_all ON train.eval_request FOR SELECT TO cft_dashboard, cft_release USING (true);
 
 GRANT SELECT, INSERT, UPDATE, DELETE ON train.eval_suite, train.eval_case TO cft_app;
@@ -108,7 +72,7 @@ BEGIN
   RETURN NULL;
 END
 $$;
-CREATE TRIGGER eval_request_notify AFTER INSERT ON train.eval_request
+CREATE OR REPLACE TRIGGER eval_request_notify AFTER INSERT ON train.eval_request
   FOR EACH ROW EXECUTE FUNCTION train.eval_notify();
 
 CREATE OR REPLACE FUNCTION serve.adapter_candidate_notify() RETURNS trigger
@@ -118,7 +82,7 @@ BEGIN
   RETURN NULL;
 END
 $$;
-CREATE TRIGGER adapter_candidate_notify AFTER INSERT OR UPDATE OF status ON serve.adapter
+CREATE OR REPLACE TRIGGER adapter_candidate_notify AFTER INSERT OR UPDATE OF status ON serve.adapter
   FOR EACH ROW WHEN (NEW.status = 'candidate') EXECUTE FUNCTION serve.adapter_candidate_notify();
 
 -- An evaluator claims one request, first queueing one for every candidate never evaluated.

@@ -1,24 +1,8 @@
--- Which metrics the gate compares, in which direction and with which tolerance, and which it
--- requires. route NULL = every route; a route's own row overrides the global one for the same
--- metric. direction 'ignore': the gate does not compare that suite's metric (a result on a
--- suite/metric no row names is compared by the default rule: higher is better, 2 %).
--- A required rule is satisfied only by results whose author_role is in trusted_authors (default
--- train.default_trusted_authors(): evaluator, release, owner), and, for a judge-scored result
--- (judge_model set), only from a judge calibrated on the suite with that rubric whose Cohen's
--- kappa is at least min_judge_kappa (default 0.6: "substantial" agreement).
-CREATE TABLE train.promotion_policy (
-  id         int GENERATED ALWAYS AS IDENTITY PRIMARY KEY,
-  route      text REFERENCES serve.route(name) ON DELETE CASCADE,
-  suite_id   text NOT NULL,
-  metric     text NOT NULL,
-  direction  text NOT NULL CHECK (direction IN ('higher', 'lower', 'ignore')),
-  tolerance  numeric NOT NULL DEFAULT 0.02 CHECK (tolerance >= 0 AND tolerance < 1),
-  required   boolean NOT NULL DEFAULT true,
-  created_at timestamptz NOT NULL DEFAULT now(),
-  trusted_authors text[] NOT NULL DEFAULT train.default_trusted_authors(),
-  min_judge_kappa numeric NOT NULL DEFAULT 0.6 CHECK (min_judge_kappa BETWEEN -1 AND 1)
-);
-CREATE UNIQUE INDEX promotion_policy_key ON train.promotion_policy (coalesce(route, ''), suite_id, metric);
+-- The default calls a function of sql/, so it is code: cft migrate drops it with the
+-- functions and sets it again here.
+ALTER TABLE train.promotion_policy
+  ALTER COLUMN trusted_authors SET DEFAULT train.default_trusted_authors();
+
 COMMENT ON COLUMN train.promotion_policy.id IS 'The rule''s number.';
 COMMENT ON COLUMN train.promotion_policy.route IS
   'The route the rule is for; NULL: every route (a route''s own rule overrides it '

@@ -16,7 +16,7 @@ BEGIN
 END
 $$;
 
-CREATE TRIGGER training_run_notify AFTER INSERT OR UPDATE OF status, cancel_requested
+CREATE OR REPLACE TRIGGER training_run_notify AFTER INSERT OR UPDATE OF status, cancel_requested
   ON train.training_run FOR EACH ROW EXECUTE FUNCTION train.training_run_notify();
 
 -- Fail expired runs that have no attempts left; cancel expired runs whose cancel was requested.
@@ -35,21 +35,6 @@ LANGUAGE sql AS $$
     RETURNING 1)
   SELECT count(*)::int FROM expired
 $$;
-
--- The trainer workers the queue has seen: each claim records the worker's capacity (host,
--- devices, memory per GPU, kind), so a run no live worker can serve says why it waits
--- (train.training_run_wait). A worker is live while it polls (alive_until, one lease ahead) or
--- holds a run with a live lease.
-CREATE TABLE train.training_worker (
-  worker_id     text PRIMARY KEY,
-  host          text NOT NULL,
-  devices       text NOT NULL,
-  gpus          int NOT NULL,
-  gpu_memory_gb real,
-  device_kind   text,
-  seen_at       timestamptz NOT NULL DEFAULT now(),
-  alive_until   timestamptz NOT NULL
-);
 
 -- A worker claims one runnable run (queued, or running with an expired lease and attempts
 -- left) that it can serve, or none. Several workers calling this at once never get the same

@@ -281,7 +281,7 @@ def test_dockerfile_is_multi_stage_non_root_and_ships_sql() -> None:
     users = re.findall(r"(?m)^USER\s+(\S+)", runtime)
     assert users, "the runtime stage sets no USER"
     assert users[-1].split(":")[0] not in ("root", "0")
-    for src in ("sql", "migrations", "alembic.ini"):
+    for src in ("sql", "migrations"):
         assert re.search(rf"(?m)^COPY\s.*\b{re.escape(src)}\b", runtime), src
         assert (ROOT / src).exists(), src
     assert re.search(r"(?m)^HEALTHCHECK\s", runtime)

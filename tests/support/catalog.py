@@ -6,8 +6,7 @@ from typing import Any
 
 import psycopg
 
-# The schemas cft owns (public holds tenant and alembic_version).
-SCHEMAS = ("public", "obs", "serve", "train", "auth", "stats", "loop")
+from app.core.migrations import SCHEMAS, TRACKING_TABLE
 
 # Each query returns rows of text; a catalog is the set of rows per kind. Partitions of
 # obs.inference_log are data (maintenance creates them by date), so they are left out.
@@ -57,7 +56,10 @@ QUERIES: dict[str, str] = {
           FROM pg_policies WHERE schemaname = ANY (%(schemas)s)""",
     "relations": """
         SELECT c.oid::regclass::text, c.relkind::text, c.relrowsecurity::text,
-               coalesce(c.relacl::text, ''), coalesce(obj_description(c.oid, 'pg_class'), '')
+               -- the owner's default privileges, written out or not, are the same
+               coalesce(nullif(c.relacl, acldefault(CASE c.relkind WHEN 'S' THEN 's' ELSE 'r' END::"char",
+                                                    c.relowner))::text, ''),
+               coalesce(obj_description(c.oid, 'pg_class'), '')
           FROM pg_class c
          WHERE c.relnamespace::regnamespace::text = ANY (%(schemas)s)
            AND c.relkind IN ('r', 'p', 'v', 'm', 'S')
@@ -76,7 +78,8 @@ QUERIES: dict[str, str] = {
          WHERE table_schema = ANY (%(schemas)s)
            AND grantee IN ('cft_app', 'cft_release', 'cft_dashboard')""",
     "schemas": """
-        SELECT n.nspname, coalesce(n.nspacl::text, ''), coalesce(obj_description(n.oid, 'pg_namespace'), '')
+        SELECT n.nspname, coalesce(nullif(n.nspacl, acldefault('n'::"char", n.nspowner))::text, ''),
+               coalesce(obj_description(n.oid, 'pg_namespace'), '')
           FROM pg_namespace n WHERE n.nspname = ANY (%(schemas)s)""",
     "extensions": "SELECT extname FROM pg_extension",
 }
@@ -84,9 +87,15 @@ QUERIES: dict[str, str] = {
 
 def catalog(url: str) -> dict[str, set[tuple[Any, ...]]]:
     """The schema of the database at `url`, one set of rows per kind of object."""
+    # migrate's record of what it applied is not part of the schema sql/ defines.
+    own = TRACKING_TABLE.split(".")[-1]
     with psycopg.connect(url) as conn:
         return {
-            kind: {tuple(row) for row in conn.execute(sql, {"schemas": list(SCHEMAS)})}
+            kind: {
+                tuple(row)
+                for row in conn.execute(sql, {"schemas": list(SCHEMAS)})
+                if own not in str(row)
+            }
             for kind, sql in QUERIES.items()
         }
 

@@ -1,5 +1,5 @@
 -- PostgreSQL roles for people and services that use SQL directly. Roles are cluster-wide, so
--- they are created only if missing and are left in place by a downgrade.
+-- they are created only if missing, and never dropped.
 DO $$
 BEGIN
   IF NOT EXISTS (SELECT 1 FROM pg_roles WHERE rolname = 'cft_app') THEN
