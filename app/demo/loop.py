@@ -33,27 +33,20 @@ Say = Callable[[str], None]
 TERMINAL = ("promoted", "rejected", "rolled_back", "failed")
 QUIET_STATES = ("triggered", "snapshot", "training", "evaluating", "canary")
 
-# The demo's loop policy (docs/demo.md says why each value differs from the
-# default). Everything else keeps its default.
-DEMO_HYPERPARAMETERS: dict[str, Any] = {
-    "learning_rate": 2e-3, "lr_scheduler": "constant", "warmup": 0.0, "max_steps": 10,
-    "batch_size": 8, "grad_accum": 1, "max_length": 128,
-}  # fmt: skip
 
-
-def demo_policy(*, min_new_examples: int = 24, max_steps: int = 10) -> dict[str, Any]:
+# The demo's loop policy (docs/demo.md says why each value differs from the default):
+# thresholds and the canary's budget sized for a demo on one machine. No method and no
+# hyperparameters: the platform chooses and checks them. Everything else keeps its default.
+def demo_policy(*, min_new_examples: int = 24) -> dict[str, Any]:
     """The body of the demo's one PUT /v1/routes/{route}/loop."""
     return {
         "enabled": True,
         "min_new_examples": min_new_examples,
         "canary_pct": 50,
-        # With no prod yet (a new route, the base serving), serve.canary_decision waits
-        # (control_not_prod) until this budget ends the canary by loop.canary_verdict.
         "canary_max_duration": 90,
         "decision_min_n": 5,
         "watch_window": 30,
         "watch_min_n": 20,
-        "hyperparameters": DEMO_HYPERPARAMETERS | {"max_steps": max_steps},
     }
 
 
@@ -90,10 +83,11 @@ class DemoConfig:
 
 @dataclass
 class Keys:
-    """API keys of the demo tenant: the product's client key and the trainer key for setup."""
+    """API keys of the demo tenant: the product's client key; trainer and release for setup."""
 
     client: str
     trainer: str
+    release: str  # the loop's decision fields (sample floor, watch) are the release role's
 
 
 class DemoError(RuntimeError):
@@ -240,10 +234,8 @@ def _setup(c: Client, cfg: DemoConfig, held_qs: list[Question], say: Say) -> Non
     except DemoError as exc:
         if "-> 409" not in str(exc):
             raise
-    c.call("trainer", "PUT", f"/v1/routes/{cfg.route}/loop", json=cfg.policy)
-    shown = {k: v for k, v in cfg.policy.items() if k != "hyperparameters"}
-    say(f"  loop enabled: PUT /v1/routes/{cfg.route}/loop {shown}")
-    say(f"    hyperparameters {cfg.policy.get('hyperparameters')}")
+    c.call("release", "PUT", f"/v1/routes/{cfg.route}/loop", json=cfg.policy)
+    say(f"  loop enabled: PUT /v1/routes/{cfg.route}/loop {cfg.policy}")
     say("  from here on the demo only sends users; the platform runs the loop")
 
 

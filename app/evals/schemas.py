@@ -5,7 +5,9 @@ from __future__ import annotations
 from datetime import datetime
 from typing import Any, Literal
 
-from pydantic import BaseModel, Field
+from pydantic import BaseModel, Field, model_validator
+
+from app.evals.checks import CheckError, validate_case
 
 CheckKind = Literal["exact", "contains", "regex", "json_schema", "max_length"]
 
@@ -13,10 +15,18 @@ CheckKind = Literal["exact", "contains", "regex", "json_schema", "max_length"]
 class CaseIn(BaseModel):
     """One prompt and the check its answer must pass."""
 
-    messages: list[dict[str, Any]] = Field(min_length=1)
+    messages: list[dict[str, Any]] = Field(min_length=1, max_length=64)
     check: CheckKind
     expected: Any
     max_tokens: int = Field(32, ge=1, le=4096)
+
+    @model_validator(mode="after")
+    def _runnable(self) -> CaseIn:
+        try:
+            validate_case(self.check, self.expected)
+        except CheckError as exc:
+            raise ValueError(f"expected: {exc}") from None
+        return self
 
 
 class CalibrationCaseIn(BaseModel):
@@ -35,7 +45,7 @@ class SuiteIn(BaseModel):
     route: str | None = None
     kind: Literal["task", "judge"] = "task"
     rubric: str | None = None
-    cases: list[CaseIn] = Field(min_length=1)
+    cases: list[CaseIn] = Field(min_length=1, max_length=1000)
     calibration: list[CalibrationCaseIn] = Field(
         [], max_length=1000, description="Kind judge: the human-labelled calibration set."
     )

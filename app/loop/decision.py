@@ -3,12 +3,12 @@
 A canary is decided by the always-valid rule of serve.canary_decision (the normal-mixture
 mSPRT, valid however often the loop looks) under loop.decision_policy (the route's experiment
 policy with the loop policy's metric, alpha and sample floor); while it says `continue`, the
-loop's own canary budget (distinct users, duration: loop.canary_verdict) is checked, and when the
-budget runs out that verdict's single final look decides (non-inferior: promote; no data or
-worse: retire). A promotion is watched by serve.watch_decision on the policy's guards against
-the prod it replaced; a route whose first adapter replaced the bare base has no previous prod
-to compare with, and there loop.watch_verdict's before/after test against the base's traffic
-stands in.
+loop's own canary budget (distinct users, duration: loop.canary_verdict) is checked, and a
+budget that runs out without a significant win retires the canary: nothing is promoted for
+being "not worse", and the route keeps what it serves. A promotion is watched by
+serve.watch_decision on the policy's guards against the prod it replaced; a route whose first
+adapter replaced the bare base has no previous prod to compare with, and there
+loop.watch_verdict's before/after test against the base's traffic stands in.
 """
 
 from __future__ import annotations
@@ -72,8 +72,12 @@ def decide_canary(conn: Connection, *, cycle_id: int) -> CanaryDecision:
     if valid is not None and valid["decision"] in ("promote", "retire"):
         return CanaryDecision(valid["decision"], valid["code"], valid["reason"], numbers)
     if (budget_numbers.get("budget") or {}).get("exhausted"):
+        why = valid["reason"] if valid is not None else budget["reason"]
         return CanaryDecision(
-            budget["decision"], budget["code"], budget["reason"], numbers | {"rule": "budget"}
+            "retire",
+            "budget_exhausted",
+            f"the canary's budget ran out without a significant win ({why})",
+            numbers | {"rule": "budget", "fixed_horizon_verdict": budget["decision"]},
         )
     reason = valid["reason"] if valid is not None else budget["reason"]
     code = valid["code"] if valid is not None else budget["code"]

@@ -1,27 +1,28 @@
-"""Which method and hyperparameters a cycle trains with, from the signal the route has.
+"""Which method and settings a cycle trains with, from the whole signal the route has.
 
-The rule (the seed's table, unless the policy pins a method):
-  * edits and regenerate pairs both -> ORPO: the pair view holds both signals (an edit is a
-    pair: the edited text chosen over the original), and ORPO learns the chosen answers (its
-    SFT term) and the preference (its odds-ratio term) in one run, without a reference model.
-    SFT-then-DPO would need two runs stacked on one adapter, which the trainer does not do
-    (every run starts from the base), and twice the training time;
-  * edits -> SFT (the edited text is the golden completion);
-  * regenerate pairs -> DPO, or SimPO when the policy says memory is tight (no reference model);
-  * thumbs only -> KTO.
-A signal counts when it has at least min_new_examples usable examples new since the last cycle;
-when none has (a schedule, decline or drift trigger with little new data), the same rule reads
-the counts over the whole snapshot window; when even those are short, the largest signal wins.
+The signal, per kind (usable examples, exact-deduplicated by prompt):
+  * edits: the user rewrote the answer: the best signal, the user's own answer;
+  * thumbs up: an answer the user accepted as it was;
+  * regenerate pairs: the user threw an answer away and kept the next one;
+  * thumbs down: an answer the user rejected, with nothing better to learn from.
+What can teach is an answer users wanted: edits, thumbs-up answers and the kept side of
+regenerate pairs ("desirable"). A set with none is never trained, and thumbs down alone never
+starts a cycle: a model cannot learn what to say from "not that" alone.
+
+The rule (unless the policy pins a method; docs/loop.md says why each case maps as it does):
+  * regenerate pairs are most of what can teach (at least MIN_PAIRS, and no fewer than the
+    edits and thumbs-up answers together) -> ORPO on the pairs, the edit pairs included: its
+    SFT term learns the chosen answers and its odds-ratio term pushes the thrown-away ones down,
+    in one run without a reference model;
+  * otherwise -> SFT on every desirable answer: the edited texts and the thumbs-up answers.
+    At the sizes a cycle trains on (tens to hundreds of examples) imitating what users wanted
+    is the signal that moves a small model's behaviour; the rejected answers add nothing SFT
+    could use, and a preference or KTO loss on a few dozen examples moves it far less.
 A forget cycle retrains the tainted prod's method (like for like, without the forgotten rows).
 
-Hyperparameters scale with the training split's size n from the runbook defaults
-(app.training.methods.Hyperparameters):
-  * epochs: 3 below 1,000 examples, 2 below 10,000, else 1;
-  * effective batch: 16 (batch 1 x grad-accum 16; KTO 2 x 8), shrunk so an epoch has at least
-    4 optimiser steps (grad_accum = n // 4, at least 1);
-  * learning rate: the method's base (SFT 2e-4, ORPO 1e-4, DPO/SimPO/KTO 5e-5: preference losses
-    take smaller steps) times sqrt(effective batch / 16), the square-root batch-size rule;
-  * the policy's hyperparameters override any of these last.
+Settings are chosen for LoRA and the run's length (`hyperparameters`), then checked: the cycle
+keeps a candidate only when it beats what the route serves now on held-out data, and otherwise
+trains the next setting of SETTINGS_LADDER before giving up (app/loop/steps.py).
 """
 
 from __future__ import annotations
@@ -32,15 +33,19 @@ from typing import Any
 
 from app.training.methods import Hyperparameters, Method
 
-BASE_LEARNING_RATE: dict[str, float] = {
-    "sft": 2e-4,
-    "orpo": 1e-4,
-    "dpo": 5e-5,
-    "simpo": 5e-5,
-    "kto": 5e-5,
-}
-FULL_BATCH = 16
-MIN_STEPS_PER_EPOCH = 4
+# Regenerate pairs below this count never make the cycle a preference run.
+MIN_PAIRS = 8
+# LoRA's learning rate for a short run (under SHORT_STEPS optimiser steps), per method. A LoRA
+# adapter's best rate is about ten times a full fine-tune's, and higher still for runs under a
+# hundred steps; preference losses take smaller steps than imitation.
+SHORT_LR: dict[str, float] = {"sft": 2e-3, "orpo": 1e-3, "dpo": 5e-4, "simpo": 5e-4, "kto": 5e-4}
+SHORT_STEPS = 60
+BATCH = 8  # sequences per optimiser step for a small set
+EPOCHS_SMALL = 3
+MIN_STEPS, MAX_STEPS_SMALL = 8, 60
+# What a cycle tries when a setting's candidate shows no held-out gain: each entry scales the
+# learning rate and the number of steps of the rule's setting.
+SETTINGS_LADDER: tuple[tuple[float, float], ...] = ((1.0, 1.0), (2.5, 1.5))
 
 
 @dataclass(frozen=True)
@@ -48,41 +53,40 @@ class SignalCounts:
     """Usable examples per signal (exact-deduplicated by prompt)."""
 
     edits: int = 0
+    thumbs_up: int = 0
+    thumbs_down: int = 0
     regen_pairs: int = 0
-    pairs: int = 0
-    thumbs: int = 0
+    pairs: int = 0  # every preference pair: regenerate pairs and edit pairs
+
+    @property
+    def desirable(self) -> int:
+        """Examples with an answer users wanted: what can teach."""
+        return self.edits + self.thumbs_up + self.regen_pairs
 
     def as_dict(self) -> dict[str, int]:
-        """The counts as a plain dict."""
-        return asdict(self)
+        """The counts as a plain dict (with the desirable total)."""
+        return asdict(self) | {"desirable": self.desirable}
 
 
-def _by_rule(c: SignalCounts, threshold: int, memory_tight: bool) -> tuple[Method, str] | None:
-    edits, pairs, thumbs = c.edits >= threshold, c.regen_pairs >= threshold, c.thumbs >= threshold
-    if edits and pairs:
-        return "orpo", f"{c.edits} edits and {c.regen_pairs} regenerate pairs: ORPO on both"
-    if edits:
-        return "sft", f"{c.edits} edits: SFT on the edited answers"
-    if pairs:
-        if memory_tight:
-            return "simpo", f"{c.regen_pairs} regenerate pairs, memory tight: SimPO"
-        return "dpo", f"{c.regen_pairs} regenerate pairs: DPO"
-    if thumbs:
-        return "kto", f"{c.thumbs} thumbs, no edits or pairs: KTO"
-    return None
+class NothingToTeach(ValueError):
+    """The signal holds no answer users wanted: training on it cannot help."""
 
 
 def choose_method(
-    new: SignalCounts,
-    total: SignalCounts,
+    counts: SignalCounts,
     *,
-    min_examples: int,
     pinned: str | None = None,
     memory_tight: bool = False,
     trigger: str = "volume",
     prod_method: str | None = None,
 ) -> tuple[Method, str]:
-    """The method a cycle trains with and why (see the module's docstring for the rule)."""
+    """The method a cycle trains with, from the counts of its snapshot window, and why."""
+    c = counts
+    if c.desirable == 0:
+        raise NothingToTeach(
+            f"no answer users wanted in the window ({c.thumbs_down} thumbs down, no edits,"
+            " thumbs up or regenerate pairs): nothing to learn from"
+        )
     if pinned:
         return pinned, f"pinned by the policy ({pinned})"  # type: ignore[return-value]
     if trigger == "forget" and prod_method:
@@ -90,38 +94,53 @@ def choose_method(
             prod_method,  # type: ignore[return-value]
             f"forget: retrain the tainted prod's method ({prod_method}) without the forgotten rows",
         )
-    for counts, scope in ((new, "new since the last cycle"), (total, "in the snapshot window")):
-        found = _by_rule(counts, min_examples, memory_tight)
-        if found:
-            return found[0], f"{found[1]} ({scope}, threshold {min_examples})"
-    largest = max(
-        (total.edits, 3, "sft"),
-        (total.regen_pairs, 2, "simpo" if memory_tight else "dpo"),
-        (total.thumbs, 1, "kto"),
+    shown = (
+        f"{c.edits} edits, {c.thumbs_up} thumbs up, {c.regen_pairs} regenerate pairs,"
+        f" {c.thumbs_down} thumbs down"
     )
-    return (
-        largest[2],  # type: ignore[return-value]
-        f"no signal reaches {min_examples}: the largest ({largest[0]} examples) decides",
-    )
+    if c.regen_pairs >= MIN_PAIRS and c.regen_pairs >= c.edits + c.thumbs_up:
+        name = "simpo" if memory_tight else "orpo"
+        return name, f"{shown}: regenerate pairs lead: {name.upper()} on every pair"  # type: ignore[return-value]
+    return "sft", f"{shown}: SFT on every answer users wanted (edits and thumbs up)"
 
 
 def hyperparameters(
-    method: str, n_train: int, overrides: dict[str, Any] | None = None
+    method: str, n_train: int, overrides: dict[str, Any] | None = None, *, attempt: int = 0
 ) -> dict[str, Any]:
-    """The settings a run of method on n_train examples gets (validated; only what is set)."""
+    """The settings a run of method on n_train examples gets (validated; only what is set).
+
+    Small sets (what a cycle usually trains on): batch 8, three passes within 8-60 steps, the
+    method's short-run LoRA rate, constant, no warmup. Larger sets: batch 16, fewer passes as
+    they grow, a tenth of that rate with a cosine decay. `attempt` picks the entry of
+    SETTINGS_LADDER; the policy's overrides win last.
+    """
     n = max(int(n_train), 1)
-    epochs = 3 if n < 1000 else 2 if n < 10000 else 1
-    batch = 2 if method == "kto" else 1
-    full_accum = FULL_BATCH // batch
-    grad_accum = max(1, min(full_accum, n // (batch * MIN_STEPS_PER_EPOCH)))
-    effective = batch * grad_accum
-    lr = BASE_LEARNING_RATE[method] * math.sqrt(effective / FULL_BATCH)
-    hp: dict[str, Any] = {
-        "epochs": epochs,
-        "batch_size": batch,
-        "grad_accum": grad_accum,
-        "learning_rate": float(f"{lr:.3g}"),
-    }
+    lr_scale, steps_scale = SETTINGS_LADDER[min(attempt, len(SETTINGS_LADDER) - 1)]
+    hp: dict[str, Any]
+    if n <= 400:
+        batch = min(BATCH, max(n, 2 if method == "kto" else 1))  # KTO's KL term needs two
+        steps = math.ceil(EPOCHS_SMALL * n / batch)
+        steps = min(max(steps, MIN_STEPS), MAX_STEPS_SMALL)
+        steps = max(1, round(steps * steps_scale))
+        lr = SHORT_LR[method] * lr_scale
+        hp = {
+            "batch_size": batch,
+            "grad_accum": 1,
+            "max_steps": steps,
+            "learning_rate": float(f"{lr:.3g}"),
+            "lr_scheduler": "constant",
+            "warmup": 0.0,
+        }
+    else:
+        epochs = 2 if n < 10000 else 1
+        lr = SHORT_LR[method] / 10 * lr_scale
+        hp = {
+            "batch_size": BATCH,
+            "grad_accum": 2,
+            "epochs": epochs * steps_scale,
+            "learning_rate": float(f"{lr:.3g}"),
+            "lr_scheduler": "cosine",
+        }
     hp |= dict(overrides or {})
     model = Hyperparameters(**hp)
     model.check_method(method)

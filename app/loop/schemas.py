@@ -50,6 +50,11 @@ class LoopPolicyIn(BaseModel):
     watch_min_n: int | None = None
     eval_timeout: timedelta | None = None
     memory_tight: bool | None = None
+    min_offline_gain: float | None = Field(
+        None,
+        description="Held-out gain over what the route serves now a candidate needs before its"
+        " canary (pass rate or answer similarity, 0-1). Default 0.05.",
+    )
     hyperparameters: dict[str, Any] | None = Field(
         None, description="Overrides of the chosen hyperparameters (training-run keys)."
     )

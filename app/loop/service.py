@@ -15,7 +15,7 @@ from psycopg import sql
 from psycopg.types.json import Jsonb
 
 from app.core.db import Connection
-from app.core.errors import BadRequest, NotFound, Unprocessable
+from app.core.errors import BadRequest, Forbidden, NotFound, Unprocessable
 
 # The columns a policy write may name (loop.policy; route and tenant_id come from the path).
 POLICY_FIELDS = (
@@ -25,8 +25,18 @@ POLICY_FIELDS = (
     "max_cycles_per_day", "max_concurrent_training", "cooldown_after_reject", "canary_pct",
     "canary_max_users", "canary_max_duration", "decision_metric", "decision_alpha",
     "decision_min_n", "watch_window", "watch_alpha", "watch_min_n", "eval_timeout",
-    "memory_tight", "hyperparameters",
+    "memory_tight", "hyperparameters", "min_offline_gain",
 )  # fmt: skip
+# Fields that set how a promotion is decided, and which way is stricter. Only a release (or
+# admin) key loosens them; a trainer key may leave them as they are or make them stricter, and
+# its PUT keeps them (never resets them to a looser default). decision_metric changes only
+# with a release key.
+DECISION_FIELDS: dict[str, str] = {
+    "decision_alpha": "lower", "decision_min_n": "higher", "watch_window": "higher",
+    "watch_alpha": "lower", "watch_min_n": "higher", "min_offline_gain": "higher",
+    "cooldown_after_reject": "higher", "decision_metric": "same",
+}  # fmt: skip
+DECIDERS = ("release", "admin")
 TERMINAL = ("promoted", "rejected", "rolled_back", "failed")
 CYCLE_LIST_COLUMNS = (
     "id, route, state, trigger, method, decision, decision_code, decision_reason, waiting_for,"
@@ -67,17 +77,52 @@ def get_policy(conn: Connection, *, route: str) -> dict[str, Any]:
     return jsonable(dict(row))  # type: ignore[no-any-return]
 
 
+def _check_decider(conn: Connection, route: str, fields: dict[str, Any], role: str) -> None:
+    """403 when a key that does not decide promotions loosens how they are decided."""
+    if role in DECIDERS:
+        return
+    now = conn.execute("SELECT * FROM loop.effective_policy(%s)", (route,)).fetchone()
+    assert now is not None
+    for name, stricter in DECISION_FIELDS.items():
+        if name not in fields or fields[name] is None:
+            continue
+        new, old = fields[name], now[name]
+        if stricter == "same":
+            looser = new != old
+        elif isinstance(old, timedelta | Decimal | int | float):
+            cur = float(old.total_seconds() if isinstance(old, timedelta) else old)
+            val = float(new.total_seconds() if isinstance(new, timedelta) else new)
+            looser = val < cur if stricter == "higher" else val > cur
+        else:
+            looser = True
+        if looser:
+            raise Forbidden(
+                f"{name} sets how promotions are decided: a key with role {role} may keep it"
+                f" ({jsonable(old)}) or make it stricter; loosening it needs a release key",
+                code="decision_field_needs_release",
+            )
+
+
 def write_policy(
-    conn: Connection, *, route: str, fields: dict[str, Any], replace: bool, actor: str
+    conn: Connection,
+    *,
+    route: str,
+    fields: dict[str, Any],
+    replace: bool,
+    actor: str,
+    role: str = "admin",
 ) -> dict[str, Any]:
-    """Write a route's policy: the named fields; with replace, every other field to its default."""
+    """Write a route's policy: the named fields; with replace, every other field to its default
+    (a key that does not decide promotions keeps DECISION_FIELDS as they are)."""
     unknown = set(fields) - set(POLICY_FIELDS)
     if unknown:
         raise Unprocessable(f"unknown loop policy field(s): {', '.join(sorted(unknown))}")
     tenant_id = _route_tenant(conn, route)
+    _check_decider(conn, route, fields, role)
     values = {k: Jsonb(v) if k == "hyperparameters" else v for k, v in fields.items()}
     cols = list(values)
-    reset = [f for f in POLICY_FIELDS if f not in values] if replace else []
+    keep = () if role in DECIDERS else tuple(DECISION_FIELDS)
+    reset = [f for f in POLICY_FIELDS if f not in values and f not in keep] if replace else []
     insert_cols = [sql.Identifier(c) for c in ("route", "tenant_id", "updated_by", *cols)]
     updates: list[sql.Composable] = [
         sql.SQL("{0} = EXCLUDED.{0}").format(sql.Identifier(c)) for c in cols

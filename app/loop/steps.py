@@ -21,9 +21,15 @@ from app.core.db import Connection
 from app.core.errors import CftError
 from app.core.metrics import LOOP_CYCLES_FINISHED, LOOP_STATE_SECONDS
 from app.datasets import service as datasets
-from app.loop import cycles, decision
+from app.loop import cycles, decision, offline
 from app.loop.cycles import Outcome
-from app.loop.method import SignalCounts, choose_method, hyperparameters
+from app.loop.method import (
+    SETTINGS_LADDER,
+    NothingToTeach,
+    SignalCounts,
+    choose_method,
+    hyperparameters,
+)
 from app.loop.service import jsonable
 from app.training import service as training
 from app.training.methods import Hyperparameters
@@ -33,6 +39,8 @@ log = logging.getLogger("cft.loop")
 
 POLL_S = 5.0  # how soon a waiting step is checked again
 DECIDE_POLL_S = 15.0
+# Evaluations of one candidate before a cycle whose evaluation cannot compute fails.
+EVAL_TRIES = 3
 
 
 def _actor(c: dict[str, Any]) -> str:
@@ -41,7 +49,8 @@ def _actor(c: dict[str, Any]) -> str:
 
 def _counts(conn: Connection, route: str, since: datetime | None) -> SignalCounts:
     row = conn.execute(
-        "SELECT edits, regen_pairs, pairs, thumbs FROM loop.signal_counts(%s, %s)", (route, since)
+        "SELECT edits, thumbs_up, thumbs_down, regen_pairs, pairs FROM loop.signal_counts(%s, %s)",
+        (route, since),
     ).fetchone()
     assert row is not None
     return SignalCounts(**{k: int(v) for k, v in row.items()})
@@ -59,7 +68,7 @@ def _retire(conn: Connection, *, adapter_id: str, reason: str) -> None:
 
 
 def step_triggered(conn: Connection, c: dict[str, Any]) -> Outcome:
-    """Choose the method from the signal (SQL counts + app.loop.method)."""
+    """Choose the method from the whole signal of the snapshot window (app.loop.method)."""
     p = c["policy"]
     datasets.refresh_candidates(conn)
     prev = conn.execute(
@@ -68,18 +77,24 @@ def step_triggered(conn: Connection, c: dict[str, Any]) -> Outcome:
     ).fetchone()
     new = _counts(conn, c["route"], prev["at"] if prev else None)
     total = _counts(conn, c["route"], None)
+    counts = {"new": new.as_dict(), "total": total.as_dict()}
     prod_id = adapters.current_prod(conn, route=c["route"])
     prod = adapters.get_adapter(conn, adapter_id=prod_id) if prod_id else None
-    method, why = choose_method(
-        new,
-        total,
-        min_examples=int(p["min_new_examples"]),
-        pinned=p.get("method"),
-        memory_tight=bool(p.get("memory_tight")),
-        trigger=c["trigger"],
-        prod_method=prod["method"] if prod else None,
-    )
-    counts = {"new": new.as_dict(), "total": total.as_dict()}
+    try:
+        method, why = choose_method(
+            total,
+            pinned=p.get("method"),
+            memory_tight=bool(p.get("memory_tight")),
+            trigger=c["trigger"],
+            prod_method=prod["method"] if prod else None,
+        )
+    except NothingToTeach as exc:
+        return Outcome(
+            "failed",
+            {"signal_counts": counts, "error": str(exc), "current_prod_id": prod_id},
+            {"signal_counts": counts},
+            "nothing to learn from",
+        )
     return Outcome(
         "snapshot",
         {
@@ -107,14 +122,19 @@ def step_snapshot(conn: Connection, c: dict[str, Any]) -> Outcome:
             got,
             "nothing to train on",
         )
-    overrides = (c["policy"] or {}).get("hyperparameters") or {}
-    hp = hyperparameters(c["method"], int(snap["n_train"]), overrides)
+    hp = _settings(c, int(snap["n_train"]), attempt=0)
     return Outcome(
         "training",
-        got | {"hyperparameters": hp},
+        got | {"hyperparameters": hp, "settings_tried": []},
         got | {"hyperparameters": hp},
         f"snapshot {snap['id']}: {snap['n_train']} train / {snap['n_eval']} eval",
     )
+
+
+def _settings(c: dict[str, Any], n_train: int, *, attempt: int) -> dict[str, Any]:
+    """The settings of the cycle's attempt-th training run (the policy's overrides last)."""
+    overrides = (c["policy"] or {}).get("hyperparameters") or {}
+    return hyperparameters(c["method"], n_train, overrides, attempt=attempt)
 
 
 def _training_slots(conn: Connection, c: dict[str, Any]) -> str | None:
@@ -174,17 +194,79 @@ def step_training(conn: Connection, c: dict[str, Any]) -> Outcome:
     return Outcome(None, note=f"training run {run.id} {run.status}{step}", delay_s=POLL_S)
 
 
+def _eval_retry(conn: Connection, c: dict[str, Any], why: str) -> Outcome:
+    """An evaluation that could not compute is the platform's failure, not the candidate's:
+    evaluate again, and after EVAL_TRIES end the cycle `failed` (no cool-down follows)."""
+    tries = conn.execute(
+        "SELECT count(*) AS n FROM train.eval_request WHERE adapter_id = %s", (c["adapter_id"],)
+    ).fetchone()
+    n = int(tries["n"]) if tries else 0
+    if n >= EVAL_TRIES:
+        _retire(conn, adapter_id=c["adapter_id"], reason=f"{_actor(c)}: evaluation failed")
+        return Outcome(
+            "failed",
+            {"error": f"evaluation of {c['adapter_id']} could not compute after {n} tries: {why}"},
+            {"eval_error": why},
+            "evaluation failed (the platform's, not the candidate's)",
+        )
+    conn.execute(
+        "INSERT INTO train.eval_request (tenant_id, adapter_id, requested_by)"
+        " VALUES (%s, %s, %s) ON CONFLICT DO NOTHING",
+        (c["tenant_id"], c["adapter_id"], f"{_actor(c)}: retry ({why})"[:500]),
+    )
+    note = f"evaluating again ({n} of {EVAL_TRIES} tries): {why}"
+    return Outcome(None, note=note, delay_s=POLL_S)
+
+
+def _tried(c: dict[str, Any], gain: offline.OfflineGain, *, kept: bool) -> list[dict[str, Any]]:
+    """The cycle's settings tried so far, with this run's (its held-out numbers, kept or not)."""
+    this = {
+        "hyperparameters": c["hyperparameters"],
+        "adapter_id": c["adapter_id"],
+        "training_run_id": str(c["training_run_id"]),
+        "offline": gain.numbers,
+        "kept": kept,
+    }
+    return [*(c.get("settings_tried") or []), this]
+
+
+def _next_setting(
+    conn: Connection, c: dict[str, Any], got: dict[str, Any], gain: offline.OfflineGain
+) -> Outcome:
+    """No offline gain: train the next setting of the ladder, or reject after the last."""
+    tried = _tried(c, gain, kept=False)
+    _retire(conn, adapter_id=c["adapter_id"], reason=f"{_actor(c)}: {gain.reason}")
+    attempt = len(tried)
+    if attempt < len(SETTINGS_LADDER):
+        hp = _settings(c, int(c["n_train"] or 1), attempt=attempt)
+        again = {
+            "settings_tried": tried,
+            "hyperparameters": hp,
+            "training_run_id": None,
+            "adapter_id": None,
+        }
+        note = f"{gain.reason}: training setting {attempt + 1} of {len(SETTINGS_LADDER)}"
+        return Outcome("training", got | again, got | {"hyperparameters": hp}, note)
+    why = f"{gain.reason} (after {attempt} settings)"
+    verdict = {
+        "settings_tried": tried,
+        "decision": "reject",
+        "decision_code": "no_offline_gain",
+        "decision_reason": why,
+    }
+    return Outcome("rejected", got | verdict, got, why)
+
+
 def step_evaluating(conn: Connection, c: dict[str, Any]) -> Outcome:
-    """Wait for the evaluator's scores, then ask the gate (adapters.blockers)."""
+    """Wait for the evaluator's scores, ask the gate (adapters.blockers), then require an
+    offline gain over what the route serves now before any user sees the candidate."""
     req = conn.execute(
         "SELECT status, error FROM train.eval_request WHERE adapter_id = %s"
         " ORDER BY id DESC LIMIT 1",
         (c["adapter_id"],),
     ).fetchone()
     if req is not None and req["status"] == "failed":
-        return Outcome(
-            "failed", {"error": f"evaluation of {c['adapter_id']} failed: {req['error']}"}
-        )
+        return _eval_retry(conn, c, f"the evaluator failed: {req['error']}")
     if req is None or req["status"] != "done":
         age = datetime.now(UTC) - c["state_entered_at"]
         timeout = timedelta(seconds=float(c["policy"]["eval_timeout"]))
@@ -200,6 +282,9 @@ def step_evaluating(conn: Connection, c: dict[str, Any]) -> Outcome:
     detail = adapters.get_detail_or_raise(conn, adapter_id=c["adapter_id"])
     scores = {f"{r['suite_id']}/{r['metric']}": r["score"] for r in detail["eval_results"]}
     found = adapters.blockers(conn, candidate=c["adapter_id"], current=current)
+    unscored = offline.unscored(conn, c["adapter_id"], found)
+    if unscored:
+        return _eval_retry(conn, c, f"no score for {'; '.join(unscored)}")
     got = {"eval_scores": scores, "blockers": found, "current_prod_id": current}
     if found:
         why = "; ".join(
@@ -212,7 +297,15 @@ def step_evaluating(conn: Connection, c: dict[str, Any]) -> Outcome:
             got | {"decision": "reject", "decision_code": "gate", "decision_reason": why},
             got, f"the gate refused: {why}",
         )  # fmt: skip
-    return Outcome("canary", got, got, f"the gate holds over {current or 'no prod'}")
+    if c["trigger"] == "forget":  # like for like without the forgotten rows: no gain required
+        return Outcome("canary", got, got, f"the gate holds over {current or 'no prod'}")
+    margin = float(c["policy"]["min_offline_gain"])
+    gain = offline.offline_gain(conn, adapter_id=c["adapter_id"], current=current, margin=margin)
+    got |= {"offline": gain.numbers}
+    if not gain.ok:
+        return _next_setting(conn, c, got, gain)
+    tried = _tried(c, gain, kept=True)
+    return Outcome("canary", got | {"settings_tried": tried}, got, gain.reason)
 
 
 def _promote(conn: Connection, c: dict[str, Any], got: dict[str, Any], why: str) -> Outcome:

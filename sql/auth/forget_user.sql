@@ -1,8 +1,10 @@
 -- Forget one user of the current tenant (cft.tenant_id, the setting row-level security uses):
 --   * delete their obs.inference_log rows in every partition and their obs.request_key rows;
---   * taint every snapshot with an example built from those rows, and every adapter trained on
---     such a snapshot (by serve.adapter.dataset_snapshot_id or its training run); served
---     adapters are marked, never retired or deleted here: a release manager decides;
+--   * taint every snapshot with an example built from those rows, and delete those examples
+--     (their text is the user's: no export, trainer or evaluator reads it again), and taint
+--     every adapter trained on such a snapshot (by serve.adapter.dataset_snapshot_id or its
+--     training run); served adapters are marked, never retired or deleted here: the loop's
+--     forget trigger replaces a tainted prod, or a release manager decides;
 --   * refresh the candidate views so no copy of the rows outlives the request;
 --   * record the pseudonym and the counts in auth.forget_request.
 -- SECURITY DEFINER (the API role may not delete keys or taint sealed snapshots itself), with a
@@ -57,6 +59,12 @@ BEGIN
   UPDATE train.dataset_snapshot
      SET tainted_at = coalesce(tainted_at, now()), tainted_reason = coalesce(tainted_reason, v_reason)
    WHERE id = ANY (v_snapshots);
+  -- The sealed examples built from the user's rows go too (train.dataset_example_immutable
+  -- admits exactly this delete, for this transaction).
+  PERFORM pg_catalog.set_config('cft.forgetting', v_row.id::text, true);
+  DELETE FROM train.dataset_example e
+   WHERE e.snapshot_id = ANY (v_snapshots) AND e.log_ids && v_ids;
+  PERFORM pg_catalog.set_config('cft.forgetting', '', true);
 
   UPDATE serve.adapter a
      SET tainted_at = coalesce(a.tainted_at, now()),

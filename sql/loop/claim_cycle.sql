@@ -74,12 +74,12 @@ BEGIN
      SET (signal_counts, method, method_reason, hyperparameters, snapshot_id, snapshot_counts,
           n_train, n_eval, training_run_id, adapter_id, current_prod_id, eval_scores, blockers,
           canary_pct, canary_started_at, experiment, decision, decision_code, decision_reason,
-          previous_prod_id, promoted_at, watch_until, watch, error)
+          previous_prod_id, promoted_at, watch_until, watch, error, settings_tried)
        = (SELECT r.signal_counts, r.method, r.method_reason, r.hyperparameters, r.snapshot_id,
                  r.snapshot_counts, r.n_train, r.n_eval, r.training_run_id, r.adapter_id,
                  r.current_prod_id, r.eval_scores, r.blockers, r.canary_pct, r.canary_started_at,
                  r.experiment, r.decision, r.decision_code, r.decision_reason, r.previous_prod_id,
-                 r.promoted_at, r.watch_until, r.watch, r.error
+                 r.promoted_at, r.watch_until, r.watch, r.error, r.settings_tried
             FROM jsonb_populate_record(c0, p_set) r),
          state = p_to,
          state_entered_at = CASE WHEN p_to <> v_from THEN now() ELSE c0.state_entered_at END,

@@ -62,6 +62,9 @@ COMMENT ON COLUMN loop.cycle.watch IS
 COMMENT ON COLUMN loop.cycle.forget_request_id IS
   'A forget cycle: the auth.forget_request that tainted the prod '
   '(forget_to_live_s counts from it).';
+COMMENT ON COLUMN loop.cycle.settings_tried IS
+  'Each training setting the cycle tried: its hyperparameters, adapter, training run and held-out '
+  'numbers against what the route serves (offline), and whether it was kept.';
 COMMENT ON COLUMN loop.cycle.error IS
   'Why it failed, or what went wrong in the last attempt (a failed step, a stopped worker).';
 COMMENT ON COLUMN loop.cycle.waiting_for IS

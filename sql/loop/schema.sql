@@ -57,7 +57,12 @@ COMMENT ON COLUMN loop.policy.canary_max_users IS
 COMMENT ON COLUMN loop.policy.canary_max_duration IS
   'Canary budget: time since the canary opened; when reached undecided, one final look decides.';
 COMMENT ON COLUMN loop.policy.decision_metric IS
-  'The metric the canary is judged on (the always-valid test of serve.canary_decision).';
+  'The metric the canary is judged on (the always-valid test of serve.canary_decision); default '
+  'acceptance_rate: of the answers with any feedback, the share accepted as they were (rated up, '
+  'neither edited nor regenerated), so edits and regenerations count as much as thumbs.';
+COMMENT ON COLUMN loop.policy.min_offline_gain IS
+  'Held-out gain over what the route serves now (its prod, or the base) a candidate needs before '
+  'its canary: a task suite''s pass rate or the held-out answer similarity, 0-1 (app/loop/offline.py).';
 COMMENT ON COLUMN loop.policy.decision_alpha IS
   'Error bound of the canary decision, and of the watch against the previous prod.';
 COMMENT ON COLUMN loop.policy.decision_min_n IS

@@ -34,14 +34,16 @@ $$;
 -- snapshot keeps by the near-duplicates it drops. The views are as fresh as their last refresh
 -- (`cft worker loop` refreshes them every --refresh seconds; a snapshot refreshes its own).
 CREATE OR REPLACE FUNCTION loop.signal_counts(p_route text, p_since timestamptz DEFAULT NULL)
-RETURNS TABLE (edits bigint, regen_pairs bigint, pairs bigint, thumbs bigint, since timestamptz)
+RETURNS TABLE (edits bigint, regen_pairs bigint, pairs bigint, thumbs bigint, thumbs_up bigint,
+               thumbs_down bigint, desirable bigint, since timestamptz)
 LANGUAGE plpgsql STABLE SECURITY DEFINER SET search_path = pg_catalog, public AS $$
 DECLARE
   v_tenant int := loop.route_tenant(p_route);
   v_since  timestamptz := greatest(coalesce(p_since, '-infinity'), now() - interval '60 days');
 BEGIN
   IF NOT coalesce((SELECT t.consent_training FROM tenant t WHERE t.id = v_tenant), false) THEN
-    RETURN QUERY SELECT 0::bigint, 0::bigint, 0::bigint, 0::bigint, v_since;
+    RETURN QUERY SELECT 0::bigint, 0::bigint, 0::bigint, 0::bigint, 0::bigint, 0::bigint,
+                        0::bigint, v_since;
     RETURN;
   END IF;
   RETURN QUERY
@@ -55,19 +57,27 @@ BEGIN
      WHERE c.tenant_id = v_tenant AND c.route = p_route AND c.created_at >= v_since
        AND (c.prompt_log_id, c.prompt_created_at) NOT IN (SELECT * FROM dead)
        AND (c.chosen_log_id, c.chosen_created_at) NOT IN (SELECT * FROM dead)
+  ), thumb AS (
+    SELECT c.label, train.prompt_hash(c.example->'prompt') AS h
+      FROM train.kto_candidate c
+     WHERE c.tenant_id = v_tenant AND c.route = p_route AND c.created_at >= v_since
+       AND (c.prompt_log_id, c.prompt_created_at) NOT IN (SELECT * FROM dead)
+  ), sft AS (
+    SELECT c.source, train.prompt_hash((c.example->'messages') - (-1)) AS h
+      FROM train.sft_candidate c
+     WHERE c.tenant_id = v_tenant AND c.route = p_route AND c.created_at >= v_since
+       AND (c.prompt_log_id, c.prompt_created_at) NOT IN (SELECT * FROM dead)
+  ), n AS (
+    SELECT (SELECT count(DISTINCT h) FROM sft WHERE source = 'edit') AS edits,
+           (SELECT count(DISTINCT h) FROM pair WHERE source = 'regen') AS regen_pairs,
+           (SELECT count(DISTINCT h) FROM pair) AS pairs,
+           (SELECT count(DISTINCT h) FROM thumb) AS thumbs,
+           (SELECT count(DISTINCT h) FROM thumb WHERE label) AS thumbs_up,
+           (SELECT count(DISTINCT h) FROM thumb WHERE NOT label) AS thumbs_down
   )
-  SELECT
-    (SELECT count(DISTINCT train.prompt_hash((c.example->'messages') - (-1)))
-       FROM train.sft_candidate c
-      WHERE c.tenant_id = v_tenant AND c.route = p_route AND c.created_at >= v_since
-        AND (c.prompt_log_id, c.prompt_created_at) NOT IN (SELECT * FROM dead)),
-    (SELECT count(DISTINCT h) FROM pair WHERE source = 'regen'),
-    (SELECT count(DISTINCT h) FROM pair),
-    (SELECT count(DISTINCT train.prompt_hash(c.example->'prompt'))
-       FROM train.kto_candidate c
-      WHERE c.tenant_id = v_tenant AND c.route = p_route AND c.created_at >= v_since
-        AND (c.prompt_log_id, c.prompt_created_at) NOT IN (SELECT * FROM dead)),
-    v_since;
+  SELECT n.edits, n.regen_pairs, n.pairs, n.thumbs, n.thumbs_up, n.thumbs_down,
+         n.edits + n.thumbs_up + n.regen_pairs, v_since
+    FROM n;
 END
 $$;
 
@@ -76,9 +86,10 @@ LANGUAGE sql STABLE SECURITY DEFINER SET search_path = pg_catalog, public AS $$
   SELECT max(created_at) FROM loop.cycle WHERE route = p_route
 $$;
 
--- Volume: usable examples of one signal since the route's last cycle >= min_new_examples. With
--- a pinned method, the signal that method trains on; otherwise the largest of edits, regenerate
--- pairs and thumbs.
+-- Volume: examples that can teach (edits, thumbs-up answers, regenerate pairs: an answer users
+-- wanted) since the route's last cycle >= min_new_examples. Thumbs down alone never fire it: a
+-- set with nothing users wanted cannot teach. With a pinned method, the signal that method
+-- trains on.
 CREATE OR REPLACE FUNCTION loop.trigger_volume(p_route text)
 RETURNS TABLE (trigger text, fired boolean, value float8, threshold float8, detail jsonb, line text)
 LANGUAGE plpgsql VOLATILE SECURITY DEFINER SET search_path = pg_catalog, public AS $$
@@ -91,22 +102,20 @@ DECLARE
 BEGIN
   SELECT * INTO s FROM loop.signal_counts(p_route, v_last);
   IF p.method = 'sft' THEN
-    v_sig := 'edits'; v_n := s.edits;
+    v_sig := 'edits and thumbs-up answers'; v_n := s.edits + s.thumbs_up;
   ELSIF p.method IN ('dpo', 'orpo', 'simpo') THEN
     v_sig := 'preference pairs'; v_n := s.pairs;
   ELSIF p.method = 'kto' THEN
-    v_sig := 'thumbs'; v_n := s.thumbs;
+    v_sig := 'thumbs with one up'; v_n := CASE WHEN s.thumbs_up > 0 THEN s.thumbs ELSE 0 END;
   ELSE
-    SELECT x.sig, x.n INTO v_sig, v_n
-      FROM (VALUES ('edits', s.edits, 1), ('regenerate pairs', s.regen_pairs, 2),
-                   ('thumbs', s.thumbs, 3)) x(sig, n, o)
-     ORDER BY x.n DESC, x.o LIMIT 1;
+    v_sig := 'examples that can teach (edits, thumbs up, regenerate pairs)'; v_n := s.desirable;
   END IF;
   RETURN QUERY SELECT 'volume'::text, v_n >= p.min_new_examples, v_n::float8,
     p.min_new_examples::float8,
-    jsonb_build_object('signal', v_sig, 'edits', s.edits, 'regen_pairs', s.regen_pairs,
-                       'pairs', s.pairs, 'thumbs', s.thumbs, 'since', s.since,
-                       'last_cycle_at', v_last, 'dedup', 'exact (prompt hash)'),
+    jsonb_build_object('signal', v_sig, 'edits', s.edits, 'thumbs_up', s.thumbs_up,
+                       'thumbs_down', s.thumbs_down, 'regen_pairs', s.regen_pairs,
+                       'pairs', s.pairs, 'thumbs', s.thumbs, 'desirable', s.desirable,
+                       'since', s.since, 'last_cycle_at', v_last, 'dedup', 'exact (prompt hash)'),
     format('%s: %s of %s usable %s since %s',
            CASE WHEN v_n >= p.min_new_examples THEN 'fired' ELSE 'waiting' END,
            v_n, p.min_new_examples, v_sig,

@@ -5,7 +5,10 @@
 
 -- The experiment policy the loop decides by: the route's (serve.experiment_policy_of: its
 -- guards, mixture, ttft rule) with the loop policy's metric, alpha, sample floor and watch window;
--- no budget of its own (the loop's canary budget applies, see loop.canary_verdict).
+-- no budget of its own (the loop's canary budget applies, see loop.canary_verdict). Guards judge
+-- the adapter, not the engine: against the bare base (a route with no prod yet) a canary's ttft
+-- carries the engine's cost of serving any LoRA (+18 % p95 on the CPU engine), so the ttft guard
+-- applies only between two adapters, where that cost is on both sides.
 CREATE OR REPLACE FUNCTION loop.decision_policy(p_route text) RETURNS serve.experiment_policy
 LANGUAGE plpgsql STABLE SECURITY DEFINER SET search_path = pg_catalog, public AS $$
 DECLARE
@@ -19,6 +22,9 @@ BEGIN
   e.watch_window := p.watch_window;
   e.max_n_per_arm := NULL;
   e.max_duration := NULL;
+  IF serve.current_prod(p_route) IS NULL THEN
+    e.max_ttft_p95_increase := NULL;
+  END IF;
   RETURN e;
 END
 $$;
@@ -31,9 +37,10 @@ $$;
 --   promote  - significantly better on the metric, guard not significantly worse;
 --   retire   - significantly worse on the metric, or on the guard;
 --   continue - not yet (too few rows per arm, or no significant difference);
--- when the canary's budget (canary_max_users distinct users or canary_max_duration) runs out
--- without a significant result, the offline gate's verdict stands: promote when not
--- significantly worse (non-inferior), retire when no comparable traffic was seen.
+-- when the canary's budget (canary_max_users distinct users or canary_max_duration) runs out,
+-- app/loop/decision.py retires the canary unless the always-valid rule found a significant win
+-- (nothing is promoted for being "not worse"); this function's verdict on the budget's end
+-- (not significantly worse, or no comparable traffic) is kept with the numbers for reading.
 CREATE OR REPLACE FUNCTION loop.canary_verdict(p_cycle bigint)
 RETURNS TABLE (decision text, code text, reason text, numbers jsonb)
 LANGUAGE plpgsql VOLATILE SECURITY DEFINER SET search_path = pg_catalog, public AS $$

@@ -40,6 +40,10 @@ COMMENT ON COLUMN obs.arm_sample.ttft_threshold IS
   'in ms (the sampler''s p_ttft_threshold); NULL: none.';
 COMMENT ON COLUMN obs.arm_sample.n_ttft_over IS
   'Rows slower than ttft_threshold (0 when it is NULL).';
+COMMENT ON COLUMN obs.arm_sample.n_responded IS
+  'Rows with any feedback: rated (non-zero), regenerated or edited.';
+COMMENT ON COLUMN obs.arm_sample.n_accepted IS
+  'Rows accepted as they were: rated up, neither regenerated nor edited.';
 
 -- One adapter's rows of a tenant in [since, until); with p_experiment, only that experiment's
 -- rows and (p_control) only its control arm (variant A) or only its canary arms; with p_route,
@@ -65,7 +69,9 @@ RETURNS obs.arm_sample LANGUAGE sql STABLE AS $$
          count(l.ttft_ms),
          percentile_cont(0.95) WITHIN GROUP (ORDER BY l.ttft_ms),
          p_ttft_threshold,
-         count(*) FILTER (WHERE l.ttft_ms > p_ttft_threshold)
+         count(*) FILTER (WHERE l.ttft_ms > p_ttft_threshold),
+         count(*) FILTER (WHERE coalesce(l.fb_explicit, 0) <> 0 OR l.fb_regen OR l.fb_edited),
+         count(*) FILTER (WHERE l.fb_explicit > 0 AND NOT l.fb_regen AND NOT l.fb_edited)
     FROM obs.inference_log l
    WHERE l.tenant_id = p_tenant AND l.adapter_id = p_adapter
      AND l.created_at >= p_since AND l.created_at < p_until
@@ -109,6 +115,10 @@ LANGUAGE sql STABLE AS $$
          c.n_thumbs_down::float8 / nullif(c.n_feedback, 0), k.n_thumbs_down::float8 / nullif(k.n_feedback, 0),
          NULL, stats.rate_var(c.n_thumbs_down, c.n_feedback) / nullif(c.n_feedback, 0)
                + stats.rate_var(k.n_thumbs_down, k.n_feedback) / nullif(k.n_feedback, 0), p_tau_rate),
+        ('acceptance_rate', 'msprt_rate', true, c.n_responded, k.n_responded,
+         c.n_accepted::float8 / nullif(c.n_responded, 0), k.n_accepted::float8 / nullif(k.n_responded, 0),
+         NULL, stats.rate_var(c.n_accepted, c.n_responded) / nullif(c.n_responded, 0)
+               + stats.rate_var(k.n_accepted, k.n_responded) / nullif(k.n_responded, 0), p_tau_rate),
         ('regen_rate', 'msprt_rate', false, c.n, k.n,
          c.n_regen::float8 / nullif(c.n, 0), k.n_regen::float8 / nullif(k.n, 0),
          NULL, stats.rate_var(c.n_regen, c.n) / nullif(c.n, 0)
@@ -142,7 +152,7 @@ LANGUAGE sql STABLE AS $$
 $$;
 COMMENT ON FUNCTION obs.sequential_compare(obs.arm_sample, obs.arm_sample, float8, float8, float8) IS
   'Control against canary per metric (feedback_mean, thumbs_up_rate, thumbs_down_rate of rated '
-  'rows; regen_rate, edit_rate, error_rate (error or partial) of all rows; tokens_out_avg; ttft_p95 '
+  'rows; acceptance_rate: accepted of the rows with any feedback; regen_rate, edit_rate, error_rate (error or partial) of all rows; tokens_out_avg; ttft_p95 '
   'as the canary''s share above the threshold minus 5 %): diff = canary - control, the mSPRT''s '
   'anytime-valid p-value and always-valid 1-alpha confidence sequence [ci_low, ci_high] '
   '(stats.msprt); significant = p_value <= alpha; canary_better follows higher_is_better.';

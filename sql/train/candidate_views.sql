@@ -27,7 +27,8 @@
 -- Refreshed CONCURRENTLY by train.refresh_dataset_candidates() (one view or all); each has a
 -- unique index.
 
--- SFT from edits: the user's corrected text is the golden completion.
+-- SFT from every answer users wanted: an edit (the user's corrected text is the golden
+-- completion: source 'edit') or an answer rated up as it was (source 'thumbs_up').
 DROP MATERIALIZED VIEW IF EXISTS train.sft_candidate;
 CREATE MATERIALIZED VIEW train.sft_candidate AS
 SELECT c.*, sha256(convert_to(c.example::text, 'UTF8')) AS example_hash,
@@ -40,12 +41,14 @@ SELECT c.*, sha256(convert_to(c.example::text, 'UTF8')) AS example_hash,
          l.route,
          coalesce(l.fb_explicit, 0)  AS rating,
          l.created_at,
-         train.sft_example(l.messages, l.edited_completion) AS example
+         CASE WHEN l.fb_edited THEN 'edit' ELSE 'thumbs_up' END AS source,
+         train.sft_example(l.messages, CASE WHEN l.fb_edited THEN l.edited_completion
+                                            ELSE l.completion END) AS example
     FROM obs.inference_log l
     JOIN tenant t ON t.id = l.tenant_id AND t.consent_training
-   WHERE l.fb_edited
-     AND l.edited_completion IS NOT NULL
-     AND btrim(l.edited_completion) <> ''
+   WHERE ((l.fb_edited AND l.edited_completion IS NOT NULL AND btrim(l.edited_completion) <> '')
+          OR (NOT l.fb_edited AND NOT l.fb_regen AND l.fb_explicit > 0
+              AND l.completion IS NOT NULL AND btrim(l.completion) <> '' AND l.status = 'ok'))
      AND l.pii_flags = 0
      AND l.created_at > now() - interval '180 days'
   OFFSET 0) c;
@@ -142,14 +145,14 @@ CREATE UNIQUE INDEX pair_candidate_key
 CREATE INDEX pair_candidate_route_idx ON train.pair_candidate (tenant_id, route, created_at);
 
 COMMENT ON MATERIALIZED VIEW train.sft_candidate IS
-  'SFT candidates (edits) of consenting tenants, pii_flags = 0, last 180 days, with their examples; snapshots filter further.';
+  'SFT candidates (edits and thumbs-up answers) of consenting tenants, pii_flags = 0, last 180 days, with their examples; snapshots filter further.';
 COMMENT ON MATERIALIZED VIEW train.kto_candidate IS
   'KTO candidates (explicit thumbs) of consenting tenants, pii_flags = 0, last 180 days.';
 COMMENT ON MATERIALIZED VIEW train.pair_candidate IS
   'DPO/ORPO/SimPO pairs (regenerate, edits) of consenting tenants, pii_flags = 0, last 180 days.';
 
 COMMENT ON COLUMN train.sft_candidate.prompt_log_id IS
-  'id of the edited obs.inference_log row; with prompt_created_at the view''s key.';
+  'id of the obs.inference_log row (edited or rated up); with prompt_created_at the view''s key.';
 COMMENT ON COLUMN train.sft_candidate.prompt_created_at IS
   'created_at of that row (the rest of its primary key).';
 COMMENT ON COLUMN train.sft_candidate.log_ids IS
@@ -160,11 +163,13 @@ COMMENT ON COLUMN train.sft_candidate.route IS 'The route called.';
 COMMENT ON COLUMN train.sft_candidate.rating IS
   'The row''s thumbs (fb_explicit; 0 when unrated): a snapshot''s '
   'dedup keeps the highest (rating, created_at, prompt_log_id).';
+COMMENT ON COLUMN train.sft_candidate.source IS
+  'edit (the user''s edited text is the answer) or thumbs_up (the answer, rated up as it was).';
 COMMENT ON COLUMN train.sft_candidate.created_at IS
   'When the call was made: a snapshot''s window filters on it.';
 COMMENT ON COLUMN train.sft_candidate.example IS
   'The TRL sft example: {messages: the prompt and the '
-  'edited text as the assistant turn} (train.sft_example).';
+  'edited text, or the answer rated up, as the assistant turn} (train.sft_example).';
 COMMENT ON COLUMN train.sft_candidate.example_hash IS
   'sha256 of the example''s jsonb text (train.example_hash): '
   'its identity and split bucket in a snapshot.';

@@ -2,14 +2,19 @@
 -- (train.create_snapshot seals it in the transaction that creates it). A sealed snapshot's
 -- frozen columns never change (only the taint marks, set when a user it was built from is
 -- forgotten), it cannot be deleted (except by offboarding its tenant: auth.offboard_tenant),
--- and its examples can be neither changed nor removed; new
+-- and its examples can be neither changed nor removed (except by forgetting a user:
+-- auth.forget_user deletes the examples built from their rows); new
 -- examples are accepted only in the transaction that created it. An unsealed snapshot is a
 -- draft: it may be filled, sealed or deleted.
 
 CREATE OR REPLACE FUNCTION train.dataset_example_immutable() RETURNS trigger
 LANGUAGE plpgsql AS $$
 BEGIN
-
+  -- Forgetting a user (auth.forget_user sets this for its transaction; only the owner may
+  -- DELETE examples at all) removes the examples built from their rows.
+  IF TG_OP = 'DELETE' AND coalesce(current_setting('cft.forgetting', true), '') <> '' THEN
+    RETURN OLD;
+  END IF;
   IF TG_OP = 'TRUNCATE' OR EXISTS (SELECT 1 FROM train.dataset_snapshot s
                                     WHERE s.id = OLD.snapshot_id AND s.set_hash IS NOT NULL) THEN
     RAISE EXCEPTION 'examples of a sealed snapshot are immutable (% refused)', TG_OP

@@ -30,8 +30,9 @@ def api(db_url: str, conn: Any, tmp_path: Path) -> Any:
     other = make_tenant(conn)
     r = make_route(conn, tenant_id=t["id"])
     keys = {role: auth.create_key(conn, tenant_id=t["id"], role=role)
-            for role in ("trainer", "reader", "admin", "client")}  # fmt: skip
+            for role in ("trainer", "reader", "admin", "client", "release")}  # fmt: skip
     keys["other"] = auth.create_key(conn, tenant_id=other["id"], role="admin")
+    keys["operator"] = auth.create_operator_key(conn, name="ops")
     with serve_app(create_app(Settings(home=tmp_path), db_url=db_url)) as base:
         yield base, keys, r, t
 
@@ -85,16 +86,43 @@ def test_roles_and_tenants(api):
     assert httpx.get(url, headers=h(keys["client"])).status_code == 403
     assert httpx.get(url, headers=h(keys["other"])).status_code == 404
     ctl = f"{base}/v1/loop/control"
-    assert (
-        httpx.put(ctl, json={"paused": True, "reason": "x"}, headers=h(keys["trainer"])).status_code
-        == 403
-    )
-    assert httpx.put(ctl, json={"paused": True}, headers=h(keys["admin"])).status_code == 400
-    got = httpx.put(ctl, json={"paused": True, "reason": "incident"}, headers=h(keys["admin"]))
+    # The kill switch stops every tenant's loop: the platform operator's, not a tenant's admin.
+    for role in ("trainer", "admin", "other"):
+        got = httpx.put(ctl, json={"paused": True, "reason": "x"}, headers=h(keys[role]))
+        assert got.status_code == 403, (role, got.text)
+    assert httpx.get(ctl, headers=h(keys["reader"])).json()["paused"] is False
+    assert httpx.put(ctl, json={"paused": True}, headers=h(keys["operator"])).status_code == 400
+    got = httpx.put(ctl, json={"paused": True, "reason": "incident"}, headers=h(keys["operator"]))
     assert got.status_code == 200 and got.json()["paused"] is True
+    assert got.json()["changed_by"] == "operator key " + keys["operator"][:12] + " (ops)"
     assert httpx.get(ctl, headers=h(keys["reader"])).json()["reason"] == "incident"
-    got = httpx.put(ctl, json={"paused": False}, headers=h(keys["admin"]))
+    got = httpx.put(ctl, json={"paused": False}, headers=h(keys["operator"]))
     assert got.json()["paused"] is False
+
+
+def test_a_trainer_key_cannot_lower_the_bar_the_loop_decides_by(api):
+    """A trainer key once set decision_alpha 0.49, decision_min_n 2 and no watch, and the loop
+    promoted with no release key. Loosening those needs a release key; tightening does not."""
+    base, keys, r, _ = api
+    url = f"{base}/v1/routes/{r['name']}/loop"
+    for loose in ({"decision_alpha": 0.49}, {"decision_min_n": 2}, {"watch_window": 0},
+                  {"decision_metric": "edit_rate"}, {"cooldown_after_reject": 0}):  # fmt: skip
+        got = httpx.put(url, json={"enabled": True, **loose}, headers=h(keys["trainer"]))
+        assert got.status_code == 403, (loose, got.text)
+        assert got.json()["error"]["code"] == "decision_field_needs_release"
+        assert "release key" in got.json()["error"]["message"]
+    tight = {"enabled": True, "decision_alpha": 0.01, "decision_min_n": 500}
+    got = httpx.put(url, json=tight, headers=h(keys["trainer"]))
+    assert got.status_code == 200, got.text
+    # A trainer's PUT keeps the decision fields it leaves out: never back to a looser default.
+    got = httpx.put(url, json={"enabled": True}, headers=h(keys["trainer"]))
+    policy = got.json()["policy"]
+    assert (policy["decision_alpha"], policy["decision_min_n"]) == (0.01, 500)
+    # The release key decides promotions: it may loosen them, and its PUT replaces them all.
+    got = httpx.put(url, json={"enabled": True, "decision_min_n": 5}, headers=h(keys["release"]))
+    assert got.status_code == 200, got.text
+    policy = got.json()["policy"]
+    assert (policy["decision_alpha"], policy["decision_min_n"]) == (0.05, 5)
 
 
 def test_the_worker_starts_and_drives_a_cycle_that_rest_shows(api, conn, db_url):

@@ -70,7 +70,7 @@ def to_deciding(conn: Any, work: Any, r: Any) -> dict[str, Any]:
     assert drive(work, conn, c["id"])["state"] == "snapshot"
     c = drive(work, conn, c["id"])
     assert c["state"] == "training" and c["method"] == "sft" and c["n_train"] >= 1, c
-    assert c["hyperparameters"]["epochs"] == 3
+    assert c["hyperparameters"]["learning_rate"] == 2e-3 and c["hyperparameters"]["max_steps"] >= 8
     c = drive(work, conn, c["id"])  # enqueues the run, waits
     assert c["state"] == "training" and c["training_run_id"] is not None
     run = conn.execute(

@@ -49,7 +49,7 @@ def test_volume_fires_at_n_usable_examples_not_below(conn):
     refresh(conn)
     v = trigger(conn, r["name"], "volume")
     assert (v["fired"], v["value"], v["threshold"]) == (False, 2, 3)
-    assert v["line"].startswith("waiting: 2 of 3 usable edits")
+    assert v["line"].startswith("waiting: 2 of 3 usable examples that can teach")
     assert started(conn) == []
     edit(conn, t, r, "q4")
     refresh(conn)
@@ -61,6 +61,28 @@ def test_volume_fires_at_n_usable_examples_not_below(conn):
     # After the cycle, only newer examples count.
     conn.execute("UPDATE loop.cycle SET state = 'failed' WHERE id = %s", (cycle["id"],))
     assert trigger(conn, r["name"], "volume")["value"] == 0
+
+
+def test_thumbs_down_alone_never_fire_the_volume_trigger(conn):
+    """Users who only reject answers give nothing to learn from: 30 thumbs down do not start a
+    cycle; what users wanted (an edit, a thumbs-up answer) does count."""
+    t, r = world(conn, min_new_examples=3)
+    for i in range(30):
+        make_log(conn, tenant_id=t["id"], route=r["name"], fb_explicit=-1,
+                 messages=[{"role": "user", "content": f"down {i}"}])  # fmt: skip
+    refresh(conn)
+    v = trigger(conn, r["name"], "volume")
+    assert (v["fired"], v["value"]) == (False, 0)
+    assert v["detail"]["thumbs_down"] == 30 and v["detail"]["desirable"] == 0
+    assert started(conn) == []
+    edit(conn, t, r, "q1")
+    for i in range(2):
+        make_log(conn, tenant_id=t["id"], route=r["name"], fb_explicit=1,
+                 messages=[{"role": "user", "content": f"up {i}"}])  # fmt: skip
+    refresh(conn)
+    v = trigger(conn, r["name"], "volume")
+    assert (v["fired"], v["value"]) == (True, 3)
+    assert (v["detail"]["edits"], v["detail"]["thumbs_up"]) == (1, 2)
 
 
 def test_volume_needs_consent(conn):

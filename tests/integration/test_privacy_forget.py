@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Any
 
 import httpx
+import psycopg
 import pytest
 from psycopg.types.json import Jsonb
 
@@ -156,13 +157,22 @@ def test_forget_deletes_rows_taints_builds_and_spares_everyone_else(world, conn,
     assert taint("serve.adapter", via_run["id"])["tainted_at"] is not None
     assert taint("serve.adapter", clean["id"])["tainted_at"] is None
     assert taint("serve.adapter", b_adapter["id"])["tainted_at"] is None
-    # The sealed snapshot's frozen content is unchanged (only the taint marks moved).
-    assert (
-        conn.execute(
-            "SELECT count(*) AS n FROM train.dataset_example WHERE snapshot_id = %s", (s1["id"],)
-        ).fetchone()["n"]
-        == 2
+    # The example built from the user's row is gone from the sealed snapshot (its text was the
+    # user's); the other user's example stays, and no export holds the forgotten one.
+    left = conn.execute(
+        "SELECT log_ids FROM train.dataset_example WHERE snapshot_id = %s", (s1["id"],)
+    ).fetchall()
+    assert [r["log_ids"] for r in left] == [[others[0]["id"]]]
+    export = httpx.get(
+        f"{world['base']}/v1/datasets/snapshots/{s1['id']}/export",
+        headers=h(world["a_reader"]),
     )
+    assert export.status_code == 200, export.text
+    assert f"example of {mine[0]['id']}" not in export.text
+    assert f"example of {others[0]['id']}" in export.text
+    # Only forgetting deletes sealed examples: the owner's plain DELETE is still refused.
+    with pytest.raises(psycopg.errors.ObjectNotInPrerequisiteState):
+        conn.execute("DELETE FROM train.dataset_example WHERE snapshot_id = %s", (s1["id"],))
 
     # The gate refuses the tainted candidate, and the API shows the taint.
     check = httpx.get(

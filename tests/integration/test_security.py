@@ -93,11 +93,11 @@ EXPECTED: dict[str, frozenset[str]] = {
     "POST /v1/routes": frozenset({"trainer", "admin"}),
     "GET /v1/routes": READ,
     "GET /v1/routes/{name}": READ,
-    "PUT /v1/routes/{name}/loop": frozenset({"trainer", "admin"}),
+    "PUT /v1/routes/{name}/loop": frozenset({"trainer", "release", "admin"}),
     "GET /v1/routes/{name}/loop": READ,
     "GET /v1/loop/cycles/{cycle_id}": READ,
     "GET /v1/loop/control": READ,
-    "PUT /v1/loop/control": frozenset({"admin"}),
+    "PUT /v1/loop/control": frozenset({auth.OPERATOR}),
     # The operator API: operator keys only, never a tenant's (tests/integration/test_tenants_api.py).
     "POST /v1/tenants": frozenset({auth.OPERATOR}),
     "GET /v1/tenants": frozenset({auth.OPERATOR}),

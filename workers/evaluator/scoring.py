@@ -5,11 +5,11 @@ No database or queue imports: functions from a model and examples to numbers.
 
 from __future__ import annotations
 
-import json
 import math
-import re
 from collections.abc import Callable
 from typing import Any
+
+from app.evals import checks
 
 PREFERENCE = ("dpo", "orpo", "simpo")
 
@@ -98,26 +98,83 @@ def heldout_metrics(
     return {"loss": loss, "perplexity": math.exp(min(loss, 50.0)), "n": n}
 
 
-def check(kind: str, expected: Any, text: str) -> bool:
-    """Whether one answer passes one case's check."""
-    if kind == "exact":
-        return text.strip() == str(expected).strip()
-    if kind == "contains":
-        needles = expected if isinstance(expected, list) else [expected]
-        return all(str(n).lower() in text.lower() for n in needles)
-    if kind == "regex":
-        return re.search(str(expected), text) is not None
-    if kind == "max_length":
-        return len(text) <= int(expected)
-    if kind == "json_schema":
-        import jsonschema
+def accepted_answer(
+    method: str, example: dict[str, Any]
+) -> tuple[list[dict[str, Any]], str] | None:
+    """An example's prompt and the answer users accepted or wrote (None: it holds none)."""
+    if method in PREFERENCE:
+        return list(example["prompt"]), str(example["chosen"][0]["content"])
+    if method == "kto":
+        if not example.get("label"):
+            return None
+        return list(example["prompt"]), str(example["completion"][0]["content"])
+    prompt, completion = split_prompt(example)
+    return prompt, str(completion[0]["content"])
 
-        try:
-            jsonschema.validate(json.loads(text), expected)
-        except (ValueError, jsonschema.ValidationError):
-            return False
-        return True
-    raise ValueError(f"unknown check kind {kind!r}")
+
+def _words(text: str) -> list[str]:
+    return text.lower().split()
+
+
+def answer_similarity(answer: str, reference: str) -> float:
+    """ROUGE-L F1 of two texts' words: 1 for the same words in order, 0 for none in common."""
+    a, b = _words(answer)[:256], _words(reference)[:256]
+    if not a or not b:
+        return float(a == b)
+    prev = [0] * (len(b) + 1)
+    for x in a:  # longest common subsequence, one row at a time
+        cur = [0]
+        for j, y in enumerate(b):
+            cur.append(prev[j] + 1 if x == y else max(prev[j + 1], cur[j]))
+        prev = cur
+    lcs = prev[-1]
+    if lcs == 0:
+        return 0.0
+    precision, recall = lcs / len(a), lcs / len(b)
+    return 2 * precision * recall / (precision + recall)
+
+
+def heldout_generation(
+    model: Any, tok: Any, method: str, examples: list[dict[str, Any]], max_examples: int = 16
+) -> dict[str, float]:
+    """The model's greedy answers to held-out prompts against the answers users accepted or
+    wrote: mean answer_similarity (NaN when no example holds an accepted answer)."""
+    pairs = [p for p in (accepted_answer(method, ex) for ex in examples) if p is not None]
+    pairs = pairs[:max_examples]
+    if not pairs:
+        return {"answer_similarity": math.nan, "n": 0}
+    longest = max(len(tok(ref, add_special_tokens=False)["input_ids"]) for _, ref in pairs)
+    answers = generate_batch(model, tok, [prompt for prompt, _ in pairs], min(longest + 8, 96))
+    scores = [answer_similarity(a, ref) for a, (_, ref) in zip(answers, pairs, strict=True)]
+    return {"answer_similarity": sum(scores) / len(scores), "n": len(scores)}
+
+
+def generate_batch(
+    model: Any, tok: Any, prompts: list[list[dict[str, Any]]], max_tokens: int
+) -> list[str]:
+    """Greedy answers to several chats in one batch (left-padded), adapter state as set."""
+    import torch
+
+    rows = []
+    for messages in prompts:
+        ids = tok.apply_chat_template(
+            messages, tokenize=True, add_generation_prompt=True, return_dict=False
+        )
+        rows.append(list(ids if isinstance(ids, list) else ids["input_ids"]))
+    width = max(len(r) for r in rows)
+    pad = tok.pad_token_id if tok.pad_token_id is not None else tok.eos_token_id
+    device = next(model.parameters()).device
+    x = torch.tensor([[pad] * (width - len(r)) + r for r in rows], device=device)
+    mask = torch.tensor([[0] * (width - len(r)) + [1] * len(r) for r in rows], device=device)
+    with torch.no_grad():
+        out = model.generate(
+            input_ids=x,
+            attention_mask=mask,
+            max_new_tokens=max_tokens,
+            do_sample=False,
+            pad_token_id=pad,
+        )
+    return [str(tok.decode(o[width:], skip_special_tokens=True)) for o in out]
 
 
 Generate = Callable[[list[dict[str, Any]], int], str]
@@ -133,7 +190,7 @@ def pass_rate(
         outcomes.append(
             {
                 "case_id": case["id"],
-                "passed": check(case["check_kind"], case["expected"], text),
+                "passed": checks.check(case["check_kind"], case["expected"], text),
                 "answer": text,
             }
         )

@@ -231,13 +231,20 @@ class Evaluator:
         examples = datasets.export_snapshot(conn, snapshot_id=snap, split="eval")  # type: ignore[arg-type]
         if not examples:
             log.warning("snapshot %s has an empty eval split: held-out metrics are NaN", snap)
+
+        def score() -> dict[str, float]:
+            # Likelihood of the held-out answers, and the model's own answers against them.
+            got = scoring.heldout_metrics(model, tok, method_name, examples)
+            gen = scoring.heldout_generation(model, tok, method_name, examples)
+            return got | {"answer_similarity": gen["answer_similarity"]}
+
         model.set_adapter("candidate")
-        results["candidate"][suite] = scoring.heldout_metrics(model, tok, method_name, examples)
+        results["candidate"][suite] = score()
         with model.disable_adapter():
-            results["base"][suite] = scoring.heldout_metrics(model, tok, method_name, examples)
+            results["base"][suite] = score()
         if prod is not None and not _has(conn, prod["id"], suite):
             model.set_adapter("current")
-            results["current"][suite] = scoring.heldout_metrics(model, tok, method_name, examples)
+            results["current"][suite] = score()
 
     def _suite(
         self,

@@ -121,7 +121,7 @@ def _demo(
     start = time.time()
     try:
         run = run_demo(
-            api_url, url, Keys(client=all_keys["client"], trainer=all_keys["trainer"]), cfg,
+            api_url, url, Keys(all_keys["client"], all_keys["trainer"], all_keys["release"]), cfg,
             say=say,
         )  # fmt: skip
     except DemoError as exc:

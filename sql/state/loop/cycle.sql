@@ -53,6 +53,7 @@ CREATE TABLE loop.cycle (
   created_at        timestamptz NOT NULL DEFAULT now(),
   updated_at        timestamptz NOT NULL DEFAULT now(),
   finished_at       timestamptz,
+  settings_tried    jsonb,                         -- each training setting with its held-out numbers
   FOREIGN KEY (route, tenant_id) REFERENCES serve.route (name, tenant_id) ON DELETE CASCADE
 );
 -- At most one cycle in flight per route (watching included: a new cycle waits for the watch).

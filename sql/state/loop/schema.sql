@@ -39,8 +39,8 @@ CREATE TABLE loop.policy (
   canary_pct              numeric(5,2) NOT NULL DEFAULT 10 CHECK (canary_pct > 0 AND canary_pct <= 100),
   canary_max_users        int NOT NULL DEFAULT 2000 CHECK (canary_max_users >= 1),
   canary_max_duration     interval NOT NULL DEFAULT '3 days' CHECK (canary_max_duration > interval '0'),
-  decision_metric         text NOT NULL DEFAULT 'thumbs_up_rate'
-                          CHECK (decision_metric IN ('feedback_mean', 'thumbs_up_rate', 'regen_rate', 'edit_rate')),
+  decision_metric         text NOT NULL DEFAULT 'acceptance_rate'
+                          CHECK (decision_metric IN ('feedback_mean', 'thumbs_up_rate', 'regen_rate', 'edit_rate', 'acceptance_rate')),
   decision_alpha          float8 NOT NULL DEFAULT 0.05 CHECK (decision_alpha > 0 AND decision_alpha < 0.5),
   decision_min_n          int NOT NULL DEFAULT 100 CHECK (decision_min_n >= 2),
   watch_window            interval NOT NULL DEFAULT '1 hour' CHECK (watch_window >= interval '0'),
@@ -52,5 +52,6 @@ CREATE TABLE loop.policy (
   created_at              timestamptz NOT NULL DEFAULT now(),
   updated_at              timestamptz NOT NULL DEFAULT now(),
   updated_by              text,
+  min_offline_gain        float8 NOT NULL DEFAULT 0.05 CHECK (min_offline_gain >= 0 AND min_offline_gain <= 1),
   FOREIGN KEY (route, tenant_id) REFERENCES serve.route (name, tenant_id) ON DELETE CASCADE
 );

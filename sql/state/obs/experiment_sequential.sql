@@ -20,5 +20,7 @@ CREATE TYPE obs.arm_sample AS (
   n_ttft          bigint,
   ttft_p95        float8,
   ttft_threshold  float8,
-  n_ttft_over     bigint
+  n_ttft_over     bigint,
+  n_responded     bigint,
+  n_accepted      bigint
 );

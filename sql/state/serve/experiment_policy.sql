@@ -4,7 +4,8 @@ CREATE TABLE serve.experiment_policy (
   tenant_id             int NOT NULL,
   enabled               boolean NOT NULL DEFAULT false,
   metric                text NOT NULL DEFAULT 'feedback_mean'
-                        CHECK (metric IN ('feedback_mean', 'thumbs_up_rate', 'regen_rate', 'edit_rate')),
+                        CHECK (metric IN ('feedback_mean', 'thumbs_up_rate', 'regen_rate', 'edit_rate',
+                                          'acceptance_rate')),
   alpha                 float8 NOT NULL DEFAULT 0.05 CHECK (alpha > 0 AND alpha < 0.5),
   min_n                 int NOT NULL DEFAULT 1000 CHECK (min_n >= 2),
   window_size           interval NOT NULL DEFAULT '7 days' CHECK (window_size > interval '0'),
