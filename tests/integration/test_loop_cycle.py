@@ -60,7 +60,7 @@ def evaluate(conn: Any, c: dict[str, Any], pass_rate: float, loss: float = 1.0) 
     if prod:
         conn.execute(
             "INSERT INTO train.eval_result (adapter_id, suite_id, metric, score, judge_model)"
-            " VALUES (%s, %s, 'loss', 1.0, NULL)",
+            " VALUES (%s, %s, 'loss', 1.0, NULL) ON CONFLICT DO NOTHING",
             (prod["id"], heldout.split("/")[0]),
         )
 
@@ -316,3 +316,126 @@ def test_forgetting_heals_the_prod(conn, work):
         "SELECT detail FROM loop.provenance(%s) WHERE step = 'log_row'", (adapter,)
     ).fetchall()
     assert prov and all(int(p["detail"]["user_hash"] != user("gone").hex()) for p in prov)
+
+
+def _to_evaluating(conn: Any, work: Any) -> dict[str, Any]:
+    (c,) = conn.execute("SELECT * FROM loop.start_due_cycles()").fetchall()
+    for _ in range(3):
+        c = drive(work, conn, c["id"])
+    finish_training(conn, c["training_run_id"])
+    c = drive(work, conn, c["id"])
+    assert c["state"] == "evaluating"
+    return c
+
+
+def test_mixed_signal_trains_on_the_edits_not_the_thumbs_down(conn, work):
+    """A third of unhappy users edit, the rest rate down: the volume trigger counts the edits
+    (what can teach) and the cycle trains SFT on them, never KTO on a set with no desirable
+    example."""
+    t = make_tenant(conn)
+    r = make_route(conn, tenant_id=t["id"])
+    set_policy(conn, r, min_new_examples=10)
+    for i in range(30):
+        make_log(conn, tenant_id=t["id"], route=r["name"], fb_explicit=-1, user_hash=user(f"d{i}"),
+                 messages=[{"role": "user", "content": f"down {i}?"}])  # fmt: skip
+    for i in range(12):
+        make_log(conn, tenant_id=t["id"], route=r["name"], fb_edited=True, user_hash=user(f"e{i}"),
+                 messages=[{"role": "user", "content": f"edit {i}?"}],
+                 edited_completion=f"Dear customer, {i}.")  # fmt: skip
+    refresh(conn)
+    (c,) = conn.execute("SELECT * FROM loop.start_due_cycles()").fetchall()
+    assert c["trigger"] == "volume"
+    c = drive(work, conn, c["id"])
+    assert c["method"] == "sft", c["method_reason"]
+    assert "12 edits" in c["method_reason"] and "30 thumbs down" in c["method_reason"]
+    c = drive(work, conn, c["id"])
+    assert c["state"] == "training" and c["n_train"] + c["n_eval"] == 12
+
+
+def test_a_window_with_nothing_users_wanted_never_trains(conn, work):
+    t = make_tenant(conn)
+    r = make_route(conn, tenant_id=t["id"])
+    set_policy(conn, r, max_interval=timedelta(seconds=1), min_interval=timedelta(0))
+    for i in range(20):
+        make_log(conn, tenant_id=t["id"], route=r["name"], fb_explicit=-1,
+                 messages=[{"role": "user", "content": f"down {i}?"}])  # fmt: skip
+    refresh(conn)
+    time.sleep(1.1)
+    (c,) = conn.execute("SELECT * FROM loop.start_due_cycles()").fetchall()
+    assert c["trigger"] == "schedule"
+    c = drive(work, conn, c["id"])
+    assert c["state"] == "failed" and "nothing to learn from" in c["error"]
+    assert conn.execute("SELECT count(*) AS n FROM train.dataset_snapshot").fetchone()["n"] == 0
+
+
+def test_an_evaluation_that_cannot_compute_fails_the_cycle_not_the_candidate(conn, work):
+    """NaN (no held-out examples, a crash) is the platform's failure: evaluated again, then
+    `failed`; never `rejected`, and no cool-down holds the route afterwards."""
+    world(conn)
+    c = _to_evaluating(conn, work)
+    heldout = f"heldout:{c['snapshot_id']}/loss"
+    finish_eval(conn, c["adapter_id"], {SUITE: 0.9, heldout: float("nan")})
+    c = drive(work, conn, c["id"])
+    assert c["state"] == "evaluating" and "evaluating again" in c["waiting_for"]
+    assert "not a finite number" in c["waiting_for"]
+    for _ in range(2):  # the evaluator answers again, with NaN again
+        conn.execute(
+            "UPDATE train.eval_request SET status = 'done', finished_at = now()"
+            " WHERE adapter_id = %s AND status = 'queued'",
+            (c["adapter_id"],),
+        )
+        c = drive(work, conn, c["id"])
+    assert c["state"] == "failed" and c["decision"] is None, c
+    assert "could not compute after 3 tries" in c["error"]
+    limits = {x["limit_name"]: x for x in conn.execute("SELECT * FROM loop.limits(%s)",
+                                                        (c["route"],))}  # fmt: skip
+    assert not limits["cooldown_after_reject"]["blocking"]
+
+
+def test_no_canary_without_an_offline_gain_and_every_setting_is_on_the_cycle(conn, work):
+    """A candidate no better than the prod on held-out behaviour opens no canary: the next
+    setting trains, and after the last the cycle ends rejected with the route unchanged."""
+    _, r, prod = world(conn)
+    c = _to_evaluating(conn, work)
+    first = c["adapter_id"]
+    evaluate(conn, c, 0.52)  # the prod scores 0.5: a gain below min_offline_gain (0.05)
+    c = drive(work, conn, c["id"])
+    assert c["state"] == "training" and c["training_run_id"] is None, c
+    assert len(c["settings_tried"]) == 1 and not c["settings_tried"][0]["kept"]
+    assert c["hyperparameters"]["learning_rate"] == pytest.approx(5e-3)  # the ladder's next
+    c = drive(work, conn, c["id"])  # enqueues the second run
+    finish_training(conn, c["training_run_id"])
+    c = drive(work, conn, c["id"])
+    evaluate(conn, c, 0.5)
+    c = drive(work, conn, c["id"])
+    assert (c["state"], c["decision_code"]) == ("rejected", "no_offline_gain"), c
+    tried = c["settings_tried"]
+    assert [x["adapter_id"] for x in tried] == [first, c["adapter_id"]]
+    assert tried[0]["offline"]["against"] == f"prod {prod['id']}"
+    statuses = conn.execute(
+        "SELECT DISTINCT new_status FROM serve.adapter_event WHERE adapter_id = ANY(%s)",
+        ([first, c["adapter_id"]],),
+    ).fetchall()
+    assert "canary" not in {s["new_status"] for s in statuses}
+    assert (
+        conn.execute("SELECT serve.current_prod(%s) AS p", (r["name"],)).fetchone()["p"]
+        == (prod["id"])
+    )
+
+
+def test_a_canary_whose_budget_runs_out_without_a_win_is_retired(conn, work):
+    t, r, prod = world(conn, canary_max_duration=timedelta(seconds=1))
+    c = to_deciding(conn, work, r)
+    experiment(conn, t, r, prod["id"], c["adapter_id"], prod_up=15, canary_up=16)
+    time.sleep(1.1)
+    c = drive(work, conn, c["id"])
+    assert (c["state"], c["decision"], c["decision_code"]) == (
+        "rejected",
+        "retire",
+        "budget_exhausted",
+    ), c
+    assert "without a significant win" in c["decision_reason"]
+    assert (
+        conn.execute("SELECT serve.current_prod(%s) AS p", (r["name"],)).fetchone()["p"]
+        == (prod["id"])
+    )
