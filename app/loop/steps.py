@@ -159,20 +159,13 @@ def step_training(conn: Connection, c: dict[str, Any]) -> Outcome:
         busy = _training_slots(conn, c)
         if busy:
             return Outcome(None, note=busy, delay_s=POLL_S)
-        base = conn.execute(
-            "SELECT base_model FROM serve.route WHERE name = %s", (c["route"],)
-        ).fetchone()
-        assert base is not None
         body = TrainingRunCreate(
             route=c["route"],
             method=c["method"],
             snapshot_id=c["snapshot_id"],
             hyperparameters=Hyperparameters(**(c["hyperparameters"] or {})),
         )
-        run = training.enqueue(
-            conn, tenant_id=c["tenant_id"], body=body, base_model=base["base_model"],
-            actor=_actor(c),
-        )  # fmt: skip
+        run = training.enqueue(conn, tenant_id=c["tenant_id"], body=body, actor=_actor(c))
         return Outcome(
             None, {"training_run_id": str(run.id)}, note=f"training run {run.id} queued",
             delay_s=POLL_S,

@@ -9,7 +9,6 @@ from typing import Any
 
 from pydantic import ValidationError
 
-from app.core.config import get_settings
 from app.core.db import connect, database_url
 from app.core.errors import CftError
 from app.training import service
@@ -88,13 +87,7 @@ def _create(args: argparse.Namespace) -> int:
             ).fetchone()
             if row is None:
                 raise CftError(f"tenant {args.tenant!r} not found")
-            run = service.enqueue(
-                conn,
-                tenant_id=int(row["id"]),
-                body=req,
-                base_model=get_settings().base_model,
-                actor="cli",
-            )
+            run = service.enqueue(conn, tenant_id=int(row["id"]), body=req, actor="cli")
             conn.commit()
     except CftError as exc:
         print(f"error: {exc.message}", file=sys.stderr)

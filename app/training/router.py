@@ -5,7 +5,7 @@ from __future__ import annotations
 from typing import Literal
 from uuid import UUID
 
-from fastapi import APIRouter, Query, Request
+from fastapi import APIRouter, Query
 
 from app.core.auth import ReaderKey, TenantConn, TrainerKey
 from app.training import service
@@ -18,16 +18,10 @@ Status = Literal["queued", "running", "succeeded", "failed", "cancelled"]
 
 @router.post("/v1/training-runs", status_code=201)
 def create_training_run(
-    body: TrainingRunCreate, request: Request, conn: TenantConn, key: TrainerKey
+    body: TrainingRunCreate, conn: TenantConn, key: TrainerKey
 ) -> TrainingRunOut:
-    """Queue a retrain of a route from a dataset snapshot."""
-    return service.enqueue(
-        conn,
-        tenant_id=key.tenant_id,
-        body=body,
-        base_model=request.app.state.settings.base_model,
-        actor=f"key:{key.prefix}",
-    )
+    """Queue a retrain of a route from a dataset snapshot (on the route's base model)."""
+    return service.enqueue(conn, tenant_id=key.tenant_id, body=body, actor=f"key:{key.prefix}")
 
 
 @router.get("/v1/training-runs/{run_id}")

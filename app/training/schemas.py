@@ -33,9 +33,17 @@ class TrainingRunCreate(BaseModel):
         description="Freeze a new snapshot of the route for this method in the same transaction"
         " (`{}` for the defaults); give this or snapshot_id, not both.",
     )
-    base_model: str | None = Field(None, description="Default: CFT_BASE_MODEL.")
+    base_model: str | None = Field(
+        None, max_length=256, description="The route's base model (the only one accepted)."
+    )
     hyperparameters: Hyperparameters = Field(default_factory=Hyperparameters)  # type: ignore[arg-type]
-    priority: int = Field(0, ge=-1000, le=1000)
+    priority: int = Field(
+        0,
+        ge=-10,
+        le=10,
+        description="Order among the tenant's own queued runs; tenants take turns whatever"
+        " their priorities.",
+    )
     max_attempts: int = Field(3, ge=1, le=20)
     gpus: int = Field(
         1,

@@ -9,7 +9,7 @@ from psycopg.types.json import Jsonb
 from pydantic import ValidationError
 
 from app.core.db import Connection
-from app.core.errors import BadRequest, Conflict, NotFound
+from app.core.errors import BadRequest, Conflict, NotFound, Unprocessable
 from app.datasets import service as datasets
 from app.training.methods import Hyperparameters
 from app.training.schemas import TrainingRunCreate, TrainingRunOut
@@ -31,15 +31,36 @@ def _out(row: dict[str, Any]) -> TrainingRunOut:
     return TrainingRunOut(**(row | {"hyperparameters": _hyperparameters_view(row["params"])}))
 
 
+# The most optimiser steps one run may ask for: runs share the platform's trainers.
+MAX_STEPS = 100_000
+
+
 def enqueue(
-    conn: Connection, *, tenant_id: int, body: TrainingRunCreate, base_model: str, actor: str
+    conn: Connection, *, tenant_id: int, body: TrainingRunCreate, actor: str
 ) -> TrainingRunOut:
-    """Queue a training run on the tenant's snapshot, or on one frozen now (body.snapshot)."""
+    """Queue a training run on the tenant's snapshot, or on one frozen now (body.snapshot).
+
+    The run trains on its route's base model (the one the platform serves it on): a run
+    cannot name another model, a path or a hub id for the shared trainers to load."""
     route = conn.execute(
-        "SELECT name FROM serve.route WHERE name = %s AND tenant_id = %s", (body.route, tenant_id)
+        "SELECT name, base_model FROM serve.route WHERE name = %s AND tenant_id = %s",
+        (body.route, tenant_id),
     ).fetchone()
     if route is None:
         raise NotFound(f"route {body.route!r} does not exist", code="route_not_found")
+    if body.base_model is not None and body.base_model != route["base_model"]:
+        raise Unprocessable(
+            f"base_model {body.base_model!r} is not route {body.route!r}'s base"
+            f" ({route['base_model']!r}): a run trains on its route's base; leave it out",
+            code="base_model_mismatch",
+            param="base_model",
+        )
+    if body.hyperparameters.max_steps > MAX_STEPS:
+        raise Unprocessable(
+            f"max_steps {body.hyperparameters.max_steps} is above the most a run may take"
+            f" ({MAX_STEPS})",
+            param="hyperparameters.max_steps",
+        )
     if body.snapshot is not None:
         snapshot_id = _fresh_snapshot(conn, tenant_id=tenant_id, body=body, actor=actor)
     else:
@@ -54,7 +75,7 @@ def enqueue(
             tenant_id,
             body.route,
             body.method,
-            body.base_model or base_model,
+            route["base_model"],
             Jsonb(body.hyperparameters.model_dump(exclude_unset=True)),
             snapshot_id,
             body.priority,

@@ -39,9 +39,10 @@ $$;
 -- A worker claims one runnable run (queued, or running with an expired lease and attempts
 -- left) that it can serve, or none. Several workers calling this at once never get the same
 -- run. The worker passes its capacity: p_gpus devices, p_gpu_memory_gb on the smallest of them
--- (NULL: no GPU), p_device_kind ('cuda' or 'cpu'; NULL: unknown). Among runs of one priority
--- the largest it can serve comes first, so a multi-GPU worker is not kept busy by 1-GPU runs
--- while a multi-GPU run waits.
+-- (NULL: no GPU), p_device_kind ('cuda' or 'cpu'; NULL: unknown). Tenants take turns: the
+-- tenant whose last run started longest ago (or never) goes first, and priority orders one
+-- tenant's runs. Among runs of one priority the largest it can serve comes first, so a
+-- multi-GPU worker is not kept busy by 1-GPU runs while a multi-GPU run waits.
 CREATE OR REPLACE FUNCTION train.claim_training_run(
   p_worker text, p_lease interval, p_gpus int DEFAULT 1, p_gpu_memory_gb real DEFAULT NULL,
   p_device_kind text DEFAULT NULL, p_host text DEFAULT NULL, p_devices text DEFAULT NULL)
@@ -75,7 +76,11 @@ BEGIN
                     AND q.gpus <= p_gpus
                     AND (q.min_gpu_memory_gb IS NULL OR q.min_gpu_memory_gb <= p_gpu_memory_gb)
                     AND (q.device_kind IS NULL OR q.device_kind = p_device_kind)
-                  ORDER BY q.priority DESC, q.gpus DESC, q.created_at, q.id
+                  -- Tenants take turns (the one served longest ago first); a run's priority
+                  -- orders only its own tenant's runs, so no tenant starves the others.
+                  ORDER BY (SELECT max(p.started_at) FROM train.training_run p
+                             WHERE p.tenant_id = q.tenant_id) ASC NULLS FIRST,
+                           q.priority DESC, q.gpus DESC, q.created_at, q.id
                   LIMIT 1 FOR UPDATE SKIP LOCKED)
   RETURNING r.*;
 END

@@ -89,6 +89,12 @@ def test_training_run_lifecycle_over_http(api, conn) -> None:  # type: ignore[no
             "compile_layers and use_liger_kernel exclude each other",
         ),
         ({"method": "sft"}, 400, "holds dpo examples"),
+        # Settings that reach the shared workers: a base the route is not on (a path, a hub
+        # id), a priority that would put the run ahead of every tenant's, a run of 10^9 steps.
+        ({"base_model": "/srv/cft/artefacts/beta"}, 422, "a run trains on its route's base"),
+        ({"base_model": "meta-llama/Llama-3.1-70B"}, 422, "a run trains on its route's base"),
+        ({"priority": 1000}, 422, "priority"),
+        ({"hyperparameters": {"max_steps": 1_000_000_000}}, 422, "max_steps"),
         ({"snapshot_id": str(uuid.uuid4())}, 404, "does not exist"),
     ],
 )

@@ -246,3 +246,15 @@ def test_claim_hands_out_only_runnable_runs(conn, n) -> None:  # type: ignore[no
     ]
     assert claim(conn, "idle", 60) is None
     assert [_run(conn, r["id"]) for r in blocked] == blocked
+
+
+def test_tenants_take_turns_whatever_their_priorities(conn) -> None:  # type: ignore[no-untyped-def]
+    """A tenant that queues many runs at the highest priority cannot starve another tenant's
+    run: the tenant served longest ago goes first, priority orders a tenant's own runs."""
+    _, _, greedy = setup_route(conn)
+    _, _, modest = setup_route(conn)
+    g = [make_run(conn, snapshot=greedy, priority=10) for _ in range(3)]
+    m = make_run(conn, snapshot=modest, priority=-10)
+    got = [claim(conn, f"w{i}", 60)["id"] for i in range(4)]
+    assert got.index(m["id"]) <= 1, got  # second at the latest, not after all of greedy's
+    assert {*got} == {*(r["id"] for r in g), m["id"]}
