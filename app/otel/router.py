@@ -22,10 +22,15 @@ PoolDep = Annotated[Pool, Depends(get_pool)]
 def _ingest(
     pool: Pool,
     tenant_id: int,
-    request: service.ExportTraceServiceRequest,
-    default_route: str | None,
+    body: bytes,
+    headers: dict[str, str | None],
     settings: Settings,
 ) -> service.Outcome:
+    # Decompression and decoding are CPU work: here, in a worker thread, never on the event
+    # loop. Spans per export are capped like records per POST /v1/logs.
+    raw = service.decompress(body, headers["content-encoding"], max_bytes=settings.max_body_bytes)
+    request = service.parse(raw, headers["content-type"], max_spans=settings.max_batch_records)
+    default_route = headers["x-cft-route"] or None
     # Committed before the response is written: an acknowledged span is durable.
     with database_required(), tenant_transaction(pool, tenant_id) as conn:
         return service.ingest(
@@ -45,22 +50,21 @@ def _ingest(
         " (Content-Encoding gzip accepted), authenticated with an ingest key. GenAI chat spans"
         " become log records (idempotent by span), other spans are skipped; rejected spans are"
         " counted in partial_success with the reason. The route comes from the span or"
-        " resource attribute cft.route, else the X-Cft-Route header. See docs/opentelemetry.md."
+        " resource attribute cft.route, else the X-Cft-Route header. At most"
+        " CFT_MAX_BATCH_RECORDS spans per export (413). See docs/opentelemetry.md."
     ),
     response_class=Response,
 )
 async def post_traces(request: Request, key: IngestKey, pool: PoolDep) -> Response:
     """Ingest the GenAI chat spans of an OTLP trace export."""
     settings: Settings = request.app.state.settings
-    body = service.decompress(
-        await request.body(),
-        request.headers.get("content-encoding"),
-        max_bytes=settings.max_body_bytes,
-    )
     content_type = request.headers.get("content-type")
-    export = service.parse(body, content_type)
-    route = request.headers.get("x-cft-route") or None
-    outcome = await run_in_threadpool(_ingest, pool, key.tenant_id, export, route, settings)
+    headers = {
+        name: request.headers.get(name)
+        for name in ("content-encoding", "content-type", "x-cft-route")
+    }
+    body = await request.body()
+    outcome = await run_in_threadpool(_ingest, pool, key.tenant_id, body, headers, settings)
     kind = service.PROTOBUF if service.PROTOBUF in (content_type or "") else service.JSON
     return Response(
         service.response_body(outcome, kind),

@@ -129,8 +129,28 @@ def decompress(body: bytes, encoding: str | None, *, max_bytes: int) -> bytes:
     return out
 
 
-def parse(body: bytes, content_type: str | None) -> ExportTraceServiceRequest:
-    """An ExportTraceServiceRequest from an OTLP/HTTP protobuf or JSON body (400 if bad)."""
+def _too_many(n: int, max_spans: int) -> PayloadTooLarge:
+    return PayloadTooLarge(
+        f"an export holds at most {max_spans} spans, got {n}: export smaller batches"
+        " (OTEL_BSP_MAX_EXPORT_BATCH_SIZE)",
+        param="resourceSpans",
+    )
+
+
+def _json_span_count(doc: dict[str, Any]) -> int:
+    n = 0
+    for rs in doc.get("resourceSpans") or ():
+        for ss in (rs.get("scopeSpans") if isinstance(rs, dict) else None) or ():
+            spans = ss.get("spans") if isinstance(ss, dict) else None
+            n += len(spans) if isinstance(spans, list) else 0
+    return n
+
+
+def parse(
+    body: bytes, content_type: str | None, *, max_spans: int = 1000
+) -> ExportTraceServiceRequest:
+    """An ExportTraceServiceRequest from an OTLP/HTTP protobuf or JSON body (400 if bad, 413
+    over max_spans spans: counted before the JSON mapping's per-field Python work)."""
     kind = (content_type or "").split(";")[0].strip().lower()
     request = ExportTraceServiceRequest()
     if kind == PROTOBUF:
@@ -141,6 +161,9 @@ def parse(body: bytes, content_type: str | None) -> ExportTraceServiceRequest:
                 f"the body is not an OTLP ExportTraceServiceRequest in protobuf: {exc}",
                 code="invalid_otlp",
             ) from None
+        n = sum(len(ss.spans) for rs in request.resource_spans for ss in rs.scope_spans)
+        if n > max_spans:
+            raise _too_many(n, max_spans)
         return request
     if kind == JSON:
         try:
@@ -152,6 +175,9 @@ def parse(body: bytes, content_type: str | None) -> ExportTraceServiceRequest:
                 'an OTLP JSON body is an object like {"resourceSpans": [...]}',
                 code="invalid_otlp",
             )
+        n = _json_span_count(doc) if isinstance(doc.get("resourceSpans", []), list) else 0
+        if n > max_spans:
+            raise _too_many(n, max_spans)
         try:
             json_format.ParseDict(_ids_to_base64(doc), request, ignore_unknown_fields=True)
         except (json_format.ParseError, ValueError, TypeError) as exc:

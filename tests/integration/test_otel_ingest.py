@@ -10,6 +10,7 @@ import json
 import os
 import subprocess
 import sys
+import threading
 import time
 import uuid
 from collections.abc import Iterator
@@ -19,7 +20,10 @@ from typing import Any
 import httpx
 import psycopg
 import pytest
-from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceResponse
+from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import (
+    ExportTraceServiceRequest,
+    ExportTraceServiceResponse,
+)
 from psycopg.rows import dict_row
 
 import cft_sdk
@@ -305,3 +309,36 @@ def test_protobuf_response_and_bad_payloads(env: dict[str, Any]) -> None:
     refused(post(env, b"{}", **{"Content-Encoding": "br"}), 400, "gzip")
     refused(post(env, b"{}", Authorization="Bearer nope"), 401, "invalid")
     refused(post(env, b"{}", Authorization=f"Bearer {env['reader']}"), 403, "role")
+
+
+def test_a_span_bomb_is_refused_quickly_without_stalling_the_api(env: dict[str, Any]) -> None:
+    """28,000 spans gzipped into ~34 kB once stalled /healthz 1.5 s per request while the JSON
+    mapping ran on the event loop. Spans per export are capped like records (413), and the
+    decoding runs in a worker thread."""
+    spans = [_span(f"{i:016x}", "db", {"x": i}) for i in range(28_000)]
+    doc = {"resourceSpans": [{"resource": {}, "scopeSpans": [{"spans": spans}]}]}
+    body = gzip.compress(json.dumps(doc).encode())
+    healthz: list[float] = []
+
+    def probe() -> None:
+        for _ in range(5):
+            started = time.perf_counter()
+            httpx.get(f"{env['api']}/healthz", timeout=30)
+            healthz.append(time.perf_counter() - started)
+
+    prober = threading.Thread(target=probe)
+    prober.start()
+    started = time.perf_counter()
+    r = post(env, body, **{"Content-Encoding": "gzip"})
+    took = time.perf_counter() - started
+    prober.join()
+    assert r.status_code == 413, r.text
+    assert "at most 1000 spans" in r.json()["error"]["message"]
+    assert took < 3.0 and max(healthz) < 1.0, (took, healthz)
+    # The same cap for protobuf.
+    proto = ExportTraceServiceRequest()
+    scope = proto.resource_spans.add().scope_spans.add()
+    for i in range(1001):
+        scope.spans.add(name="x", span_id=i.to_bytes(8, "big"), trace_id=b"\x01" * 16)
+    r = post(env, proto.SerializeToString(), **{"Content-Type": otel.PROTOBUF})
+    assert r.status_code == 413, r.text
