@@ -38,6 +38,7 @@ async def proxy(request: Request, key: ApiKey, kind: str) -> Response:
     """Proxy one OpenAI call for the caller's tenant."""
     runtime = call.get_runtime_or_raise(request)
     body = call.parse_body(await request.body())
+    call.check_fields(body, kind)
     route_name = call.route_name(request, body)
     state = await _route_state(runtime, route_name, key)
     user = call.user(request, body)

@@ -86,6 +86,34 @@ def parse_body(raw: bytes) -> dict[str, Any]:
     return body
 
 
+# The OpenAI request fields the gateway passes to an engine (docs/serving.md). Anything else,
+# engine-specific extras included, is refused: an engine must never receive a field cft has
+# not decided to allow (one that picks a model or adapter, a guided-decoding grammar, ...).
+COMMON_FIELDS = frozenset({
+    "model", "user", "stream", "stream_options", "max_tokens", "temperature", "top_p", "stop",
+    "seed", "presence_penalty", "frequency_penalty", "logit_bias", "logprobs", "n",
+})  # fmt: skip
+FIELDS = {
+    "chat": COMMON_FIELDS
+    | {"messages", "max_completion_tokens", "top_logprobs", "response_format"},
+    "completions": COMMON_FIELDS | {"prompt", "echo", "suffix"},
+}
+
+
+def check_fields(body: dict[str, Any], kind: str) -> None:
+    """400 naming the first field the gateway does not pass, or an `n` other than 1."""
+    allowed = FIELDS[kind]
+    unknown = sorted(k for k in body if k not in allowed)
+    if unknown:
+        raise BadRequest(
+            f"field {unknown[0]!r} is not supported by this router; supported:"
+            f" {', '.join(sorted(allowed))}",
+            param=unknown[0],
+        )
+    if body.get("n", 1) != 1:
+        raise BadRequest("`n` must be 1: each call is one answer, logged and rated", param="n")
+
+
 def route_name(request: Request, body: dict[str, Any]) -> str:
     """The route the call names: the X-Cft-Route header, else `model`."""
     name = header(request, b"x-cft-route") or body.get("model")

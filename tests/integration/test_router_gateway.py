@@ -248,6 +248,23 @@ def test_a_call_whose_log_record_could_not_be_stored_is_a_400_naming_the_field(s
     assert n is not None and n[0] == 0
 
 
+def test_fields_outside_the_allow_list_never_reach_the_engine(setup):
+    headers = {"Authorization": f"Bearer {setup['key']}"}
+    base = {"model": setup["route"]["name"], "messages": [{"role": "user", "content": "x"}]}
+    for extra, param in (({"n": 3}, "n"), ({"guided_json": {}}, "guided_json"),
+                         ({"lora_request": {"lora_name": "x"}}, "lora_request")):  # fmt: skip
+        resp = httpx.post(f"{setup['api']}/v1/chat/completions", json=base | extra, headers=headers)
+        assert resp.status_code == 400, resp.text
+        assert resp.json()["error"]["param"] == param
+    ok = httpx.post(
+        f"{setup['api']}/v1/chat/completions",
+        json=base | {"max_tokens": 2, "temperature": 0, "seed": 1, "n": 1},
+        headers=headers,
+        timeout=60,
+    )
+    assert ok.status_code == 200, ok.text
+
+
 def test_gateway_needs_a_key(setup):
     resp = httpx.post(
         f"{setup['api']}/v1/chat/completions",
