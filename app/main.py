@@ -14,6 +14,7 @@ from app.core.config import Settings, get_settings
 from app.core.db import database_url, make_pool
 from app.core.limits import BodyLimitMiddleware
 from app.core.metrics import MetricsMiddleware, serve_metrics
+from app.core.ratelimit import RateLimits
 from app.dashboard import router as dashboard_router
 from app.dashboard.layout import DashboardHeaders
 from app.datasets import router as datasets_router
@@ -84,6 +85,12 @@ def create_app(
         lifespan=lifespan,
     )
     errors.install(app)
+    app.state.limits = RateLimits(
+        per_key=settings.rate_limit_per_key,
+        per_tenant=settings.rate_limit_per_tenant,
+        auth_failures=settings.rate_limit_auth_failures,
+        bad_key_ttl=settings.router_key_cache_ttl,
+    )
     # The gateway first: routes are matched in order, and its calls are the hot path.
     app.include_router(gateway_router.router)
     app.include_router(health.router)

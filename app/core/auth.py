@@ -19,6 +19,7 @@ from fastapi import Depends, Request
 from app.core.db import Connection, Pool, as_tenant
 from app.core.deps import get_pool
 from app.core.errors import Forbidden, Unauthorized, database_required
+from app.core.ratelimit import RateLimits
 
 ROLES = ("ingest", "client", "trainer", "release", "reader", "admin")
 OPERATOR = "operator"  # platform-wide; not one of a tenant's ROLES
@@ -126,13 +127,36 @@ def _bearer(request: Request) -> str:
     return token.strip()
 
 
-def authenticate(request: Request, pool: Annotated[Pool, Depends(get_pool)]) -> ApiKey:
-    """Resolve the bearer key of the request (401 if missing, unknown or revoked)."""
+def limits_of(request: Request) -> RateLimits | None:
+    """The app's rate limits (None in an app built without them)."""
+    return getattr(request.app.state, "limits", None)
+
+
+def _checked(request: Request, pool: Pool) -> dict[str, Any]:
+    """The live key row of the request's bearer key: 401 unknown or revoked, 429 over a rate
+    (failed checks per client address, then requests per key and tenant)."""
     token = _bearer(request)
+    limits = limits_of(request)
+    digest = hash_key(token)
+    client = request.client.host if request.client else None
+    if limits is not None and limits.known_bad(digest):
+        limits.failed(digest, client)
+        raise Unauthorized("invalid or revoked API key")
     with database_required(), pool.connection() as conn:
         row = _find(conn, token)
     if row is None:
+        if limits is not None:
+            limits.failed(digest, client)
         raise Unauthorized("invalid or revoked API key")
+    if limits is not None:
+        limits.admit(row["id"], row["tenant_id"])
+    return row
+
+
+def authenticate(request: Request, pool: Annotated[Pool, Depends(get_pool)]) -> ApiKey:
+    """Resolve the bearer key of the request (401 if missing, unknown or revoked; 429 over a
+    rate limit)."""
+    row = _checked(request, pool)
     if row["tenant_id"] is None:
         raise Forbidden(
             "this is an operator key: it administers tenants (/v1/tenants) and cannot act for"
@@ -145,11 +169,7 @@ def authenticate(request: Request, pool: Annotated[Pool, Depends(get_pool)]) -> 
 
 def operator_key(request: Request, pool: Annotated[Pool, Depends(get_pool)]) -> OperatorKey:
     """Admit operator keys only (401 if missing, unknown or revoked; 403 for a tenant key)."""
-    token = _bearer(request)
-    with database_required(), pool.connection() as conn:
-        row = _find(conn, token)
-    if row is None:
-        raise Unauthorized("invalid or revoked API key")
+    row = _checked(request, pool)
     if row["role"] != OPERATOR:
         raise Forbidden(
             f"this endpoint needs an operator key (`cft operator key create`); yours is a key"

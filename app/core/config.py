@@ -94,6 +94,21 @@ class Settings(BaseSettings):
     router_key_cache_ttl: float = Field(
         5.0, description="Seconds the router caches an API key lookup (revocation delay bound)."
     )
+    rate_limit_per_key: float = Field(
+        1000.0,
+        description="Requests per second one API key may make (bursts of twice that); 429 with"
+        " Retry-After above it. Per API process; 0 = no limit.",
+    )
+    rate_limit_per_tenant: float = Field(
+        2000.0,
+        description="Requests per second all keys of one tenant may make together (per API"
+        " process; 0 = no limit).",
+    )
+    rate_limit_auth_failures: float = Field(
+        20.0,
+        description="Failed key checks per second one client address may make before 429 (a"
+        " failed key is also remembered for a few seconds: repeating it costs no lookup).",
+    )
     router_log_process: bool = Field(
         True,
         description="The router writes its logs from a child process (keeps that work off the"

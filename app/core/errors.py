@@ -91,6 +91,14 @@ class PayloadTooLarge(CftError):
     code = "payload_too_large"
 
 
+class TooManyRequests(CftError):
+    """A key, tenant or client address went over its request rate; retry after Retry-After."""
+
+    status_code = 429
+    error_type = "rate_limit_error"
+    code = "rate_limit_exceeded"
+
+
 class Unavailable(CftError):
     """A dependency (the database, an engine) is down; retry later."""
 

@@ -8,7 +8,7 @@ from typing import Annotated
 
 from fastapi import Depends, Request
 
-from app.core.auth import ApiKey, lookup
+from app.core.auth import ApiKey, hash_key, limits_of, lookup
 from app.core.db import Pool
 from app.core.deps import get_pool
 from app.core.errors import DB_UNAVAILABLE, DatabaseUnavailable, Forbidden, Unauthorized
@@ -59,6 +59,7 @@ async def client_key(request: Request) -> ApiKey:
     """
     token = _bearer(request)
     runtime = get_runtime(request)
+    limits = limits_of(request)
     key: ApiKey | None = None
     digest = b""
     if runtime is not None:
@@ -66,6 +67,11 @@ async def client_key(request: Request) -> ApiKey:
         if recheck:
             background(_recheck_key(runtime, get_pool(request), token, digest))
     if key is None:
+        digest = digest or hash_key(token)
+        client = request.client.host if request.client else None
+        if limits is not None and limits.known_bad(digest):
+            limits.failed(digest, client)
+            raise Unauthorized("invalid or revoked API key")
         try:
             key = await asyncio.to_thread(_lookup_key, get_pool(request), token)
         except DB_UNAVAILABLE as exc:
@@ -74,9 +80,13 @@ async def client_key(request: Request) -> ApiKey:
                 raise DatabaseUnavailable() from exc
             key = stale
         if key is None:
+            if limits is not None:
+                limits.failed(digest, client)
             raise Unauthorized("invalid or revoked API key")
         if runtime is not None:
             runtime.remember_key(digest, key)
+    if limits is not None:
+        limits.admit(key.id, key.tenant_id)
     if key.role not in CLIENT_ROLES:
         raise Forbidden(
             f"this endpoint needs a key with role client or ingest; yours has role {key.role}"
