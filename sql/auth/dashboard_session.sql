@@ -13,7 +13,7 @@ COMMENT ON COLUMN auth.dashboard_session.expires_at IS
 
 -- Revoking a key ends its sessions (cft key revoke, the operator API, tenant offboarding).
 CREATE OR REPLACE FUNCTION auth.end_dashboard_sessions() RETURNS trigger
-LANGUAGE plpgsql SET search_path = pg_catalog, public AS $$
+LANGUAGE plpgsql SET search_path = pg_catalog, public, pg_temp AS $$
 BEGIN
   DELETE FROM auth.dashboard_session WHERE api_key_id = NEW.id;
   RETURN NULL;

@@ -11,7 +11,7 @@
 -- fixed search_path; the tenant comes only from the transaction's own setting.
 CREATE OR REPLACE FUNCTION auth.forget_user(p_user_hash bytea)
 RETURNS auth.forget_request
-LANGUAGE plpgsql VOLATILE SECURITY DEFINER SET search_path = pg_catalog, public AS $$
+LANGUAGE plpgsql VOLATILE SECURITY DEFINER SET search_path = pg_catalog, public, pg_temp AS $$
 DECLARE
   v_tenant    int := auth.current_tenant_id();
   v_ids       bigint[];

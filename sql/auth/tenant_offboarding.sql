@@ -44,7 +44,7 @@ REVOKE ALL ON auth.tenant_offboarding FROM PUBLIC;
 -- Step 1. Returns the open offboarding row of the tenant (made on the first call).
 CREATE OR REPLACE FUNCTION auth.offboard_tenant_prepare(p_tenant int, p_by text)
 RETURNS auth.tenant_offboarding
-LANGUAGE plpgsql VOLATILE SECURITY DEFINER SET search_path = pg_catalog, public AS $$
+LANGUAGE plpgsql VOLATILE SECURITY DEFINER SET search_path = pg_catalog, public, pg_temp AS $$
 DECLARE
   v_name    text;
   v_retired text[];
@@ -85,7 +85,7 @@ $$;
 -- What still serves one of the tenant's adapters, as the reconciler last recorded it.
 CREATE OR REPLACE FUNCTION auth.offboard_tenant_loaded(p_tenant int)
 RETURNS TABLE (adapter_id text, engine_url text)
-LANGUAGE sql STABLE SECURITY DEFINER SET search_path = pg_catalog, public AS $$
+LANGUAGE sql STABLE SECURITY DEFINER SET search_path = pg_catalog, public, pg_temp AS $$
   SELECT d.adapter_id, d.engine_url
     FROM serve.adapter_deployment d JOIN serve.adapter a ON a.id = d.adapter_id
    WHERE a.tenant_id = p_tenant AND d.state = 'loaded'
@@ -98,7 +98,7 @@ $$;
 -- only, is the one way through, and only roles that may DELETE snapshots (the owner) can use it.
 CREATE OR REPLACE FUNCTION auth.offboard_tenant(p_tenant int, p_by text, p_force boolean DEFAULT false)
 RETURNS auth.tenant_offboarding
-LANGUAGE plpgsql VOLATILE SECURITY DEFINER SET search_path = pg_catalog, public AS $$
+LANGUAGE plpgsql VOLATILE SECURITY DEFINER SET search_path = pg_catalog, public, pg_temp AS $$
 DECLARE
   v_row      auth.tenant_offboarding;
   v_counts   jsonb := '{}';
@@ -227,7 +227,7 @@ $$;
 -- Step 3: one artefact is gone from the store (deleting a missing one is not an error).
 CREATE OR REPLACE FUNCTION auth.offboard_artefact_deleted(p_offboarding bigint, p_uri text)
 RETURNS auth.tenant_offboarding
-LANGUAGE plpgsql VOLATILE SECURITY DEFINER SET search_path = pg_catalog, public AS $$
+LANGUAGE plpgsql VOLATILE SECURITY DEFINER SET search_path = pg_catalog, public, pg_temp AS $$
 DECLARE
   v_row auth.tenant_offboarding;
 BEGIN

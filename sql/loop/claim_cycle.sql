@@ -4,7 +4,7 @@
 -- next claim in its stored state, attempts + 1; at max_attempts it fails with the reason.
 
 CREATE OR REPLACE FUNCTION loop.claim_cycle(p_worker text, p_lease interval)
-RETURNS SETOF loop.cycle LANGUAGE plpgsql VOLATILE SET search_path = pg_catalog, public AS $$
+RETURNS SETOF loop.cycle LANGUAGE plpgsql VOLATILE SET search_path = pg_catalog, public, pg_temp AS $$
 DECLARE
   v loop.cycle;
   v_err text;
@@ -60,7 +60,7 @@ $$;
 CREATE OR REPLACE FUNCTION loop.advance_cycle(p_id bigint, p_worker text, p_to text,
                                               p_set jsonb DEFAULT '{}', p_inputs jsonb DEFAULT '{}',
                                               p_note text DEFAULT NULL)
-RETURNS loop.cycle LANGUAGE plpgsql VOLATILE SET search_path = pg_catalog, public AS $$
+RETURNS loop.cycle LANGUAGE plpgsql VOLATILE SET search_path = pg_catalog, public, pg_temp AS $$
 DECLARE
   v_from text;
   c      loop.cycle;
@@ -99,7 +99,7 @@ $$;
 -- say what it waits for, and check again after p_delay. No event (waiting_for shows it).
 CREATE OR REPLACE FUNCTION loop.wait_cycle(p_id bigint, p_worker text, p_delay interval,
                                            p_waiting_for text, p_set jsonb DEFAULT '{}')
-RETURNS boolean LANGUAGE plpgsql VOLATILE SET search_path = pg_catalog, public AS $$
+RETURNS boolean LANGUAGE plpgsql VOLATILE SET search_path = pg_catalog, public, pg_temp AS $$
 BEGIN
   UPDATE loop.cycle c0
      SET (experiment, watch, training_run_id, eval_scores)
@@ -116,7 +116,7 @@ $$;
 -- Returns the state the cycle is in afterwards (NULL: not this worker's).
 CREATE OR REPLACE FUNCTION loop.fail_step(p_id bigint, p_worker text, p_error text,
                                           p_final boolean DEFAULT false)
-RETURNS text LANGUAGE plpgsql VOLATILE SET search_path = pg_catalog, public AS $$
+RETURNS text LANGUAGE plpgsql VOLATILE SET search_path = pg_catalog, public, pg_temp AS $$
 DECLARE
   v loop.cycle;
 BEGIN

@@ -101,7 +101,7 @@ COMMENT ON COLUMN loop.cycle_event.at IS 'When (the clock time).';
 
 -- Wake loop workers (LISTEN cft_loop): a cycle started, a training run or an eval request ended.
 CREATE OR REPLACE FUNCTION loop.notify() RETURNS trigger
-LANGUAGE plpgsql SET search_path = pg_catalog, public AS $$
+LANGUAGE plpgsql SET search_path = pg_catalog, public, pg_temp AS $$
 BEGIN
   PERFORM pg_notify('cft_loop', TG_TABLE_NAME);
   RETURN NULL;

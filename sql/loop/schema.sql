@@ -84,7 +84,7 @@ COMMENT ON COLUMN loop.policy.updated_by IS
 
 -- The canary share may not exceed the route's ceiling (serve.route.max_canary_pct).
 CREATE OR REPLACE FUNCTION loop.policy_check() RETURNS trigger
-LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, public AS $$
+LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, public, pg_temp AS $$
 DECLARE
   v_max numeric;
 BEGIN
@@ -104,7 +104,7 @@ CREATE OR REPLACE TRIGGER policy_check BEFORE INSERT OR UPDATE ON loop.policy
 -- The tenant of a route, for functions that run with owner rights: a caller scoped to a tenant
 -- (the API's cft_app, cft.tenant_id set) may only ask about its own routes.
 CREATE OR REPLACE FUNCTION loop.route_tenant(p_route text) RETURNS int
-LANGUAGE plpgsql STABLE SECURITY DEFINER SET search_path = pg_catalog, public AS $$
+LANGUAGE plpgsql STABLE SECURITY DEFINER SET search_path = pg_catalog, public, pg_temp AS $$
 DECLARE
   v_tenant int;
 BEGIN
@@ -119,7 +119,7 @@ $$;
 -- The effective policy of a route: its row, or the column defaults when it has none (an insert
 -- rolled back inside a subtransaction: the defaults stay defined once, in the table above).
 CREATE OR REPLACE FUNCTION loop.effective_policy(p_route text) RETURNS loop.policy
-LANGUAGE plpgsql VOLATILE SECURITY DEFINER SET search_path = pg_catalog, public AS $$
+LANGUAGE plpgsql VOLATILE SECURITY DEFINER SET search_path = pg_catalog, public, pg_temp AS $$
 DECLARE
   p loop.policy;
   v_tenant int;

@@ -28,7 +28,7 @@ CREATE POLICY read_all ON loop.control FOR SELECT TO cft_app, cft_dashboard, cft
 -- The kill switch: who and why are kept with it.
 CREATE OR REPLACE FUNCTION loop.set_control(p_paused boolean, p_reason text, p_by text)
 RETURNS loop.control LANGUAGE plpgsql VOLATILE SECURITY DEFINER
-SET search_path = pg_catalog, public AS $$
+SET search_path = pg_catalog, public, pg_temp AS $$
 DECLARE
   k loop.control;
 BEGIN

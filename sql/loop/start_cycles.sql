@@ -5,7 +5,7 @@
 CREATE OR REPLACE FUNCTION loop.limits(p_route text)
 RETURNS TABLE (limit_name text, blocking boolean, value float8, threshold float8,
                forget_bypasses boolean, line text)
-LANGUAGE plpgsql VOLATILE SECURITY DEFINER SET search_path = pg_catalog, public AS $$
+LANGUAGE plpgsql VOLATILE SECURITY DEFINER SET search_path = pg_catalog, public, pg_temp AS $$
 DECLARE
   p        loop.policy := loop.effective_policy(p_route);
   k        loop.control;
@@ -77,7 +77,7 @@ COMMENT ON FUNCTION loop.limits(text) IS
 -- concurrent callers split the routes), the first trigger that fired, unless a limit holds.
 -- Returns the cycles started. Nothing starts while loop.control.paused.
 CREATE OR REPLACE FUNCTION loop.start_due_cycles() RETURNS SETOF loop.cycle
-LANGUAGE plpgsql VOLATILE SECURITY DEFINER SET search_path = pg_catalog, public AS $$
+LANGUAGE plpgsql VOLATILE SECURITY DEFINER SET search_path = pg_catalog, public, pg_temp AS $$
 DECLARE
   v_route text;
   v_trig  jsonb;

@@ -36,7 +36,7 @@ $$;
 CREATE OR REPLACE FUNCTION loop.signal_counts(p_route text, p_since timestamptz DEFAULT NULL)
 RETURNS TABLE (edits bigint, regen_pairs bigint, pairs bigint, thumbs bigint, thumbs_up bigint,
                thumbs_down bigint, desirable bigint, since timestamptz)
-LANGUAGE plpgsql STABLE SECURITY DEFINER SET search_path = pg_catalog, public AS $$
+LANGUAGE plpgsql STABLE SECURITY DEFINER SET search_path = pg_catalog, public, pg_temp AS $$
 DECLARE
   v_tenant int := loop.route_tenant(p_route);
   v_since  timestamptz := greatest(coalesce(p_since, '-infinity'), now() - interval '60 days');
@@ -82,7 +82,7 @@ END
 $$;
 
 CREATE OR REPLACE FUNCTION loop.last_cycle_at(p_route text) RETURNS timestamptz
-LANGUAGE sql STABLE SECURITY DEFINER SET search_path = pg_catalog, public AS $$
+LANGUAGE sql STABLE SECURITY DEFINER SET search_path = pg_catalog, public, pg_temp AS $$
   SELECT max(created_at) FROM loop.cycle WHERE route = p_route
 $$;
 
@@ -92,7 +92,7 @@ $$;
 -- trains on.
 CREATE OR REPLACE FUNCTION loop.trigger_volume(p_route text)
 RETURNS TABLE (trigger text, fired boolean, value float8, threshold float8, detail jsonb, line text)
-LANGUAGE plpgsql VOLATILE SECURITY DEFINER SET search_path = pg_catalog, public AS $$
+LANGUAGE plpgsql VOLATILE SECURITY DEFINER SET search_path = pg_catalog, public, pg_temp AS $$
 DECLARE
   p      loop.policy := loop.effective_policy(p_route);
   v_last timestamptz := loop.last_cycle_at(p_route);
@@ -127,7 +127,7 @@ $$;
 -- was written). min_interval is a limit (loop.limits), not a trigger.
 CREATE OR REPLACE FUNCTION loop.trigger_schedule(p_route text)
 RETURNS TABLE (trigger text, fired boolean, value float8, threshold float8, detail jsonb, line text)
-LANGUAGE plpgsql VOLATILE SECURITY DEFINER SET search_path = pg_catalog, public AS $$
+LANGUAGE plpgsql VOLATILE SECURITY DEFINER SET search_path = pg_catalog, public, pg_temp AS $$
 DECLARE
   p     loop.policy := loop.effective_policy(p_route);
   v_ref timestamptz := coalesce(loop.last_cycle_at(p_route), p.created_at);
@@ -150,7 +150,7 @@ $$;
 -- may not overlap).
 CREATE OR REPLACE FUNCTION loop.trigger_decline(p_route text)
 RETURNS TABLE (trigger text, fired boolean, value float8, threshold float8, detail jsonb, line text)
-LANGUAGE plpgsql VOLATILE SECURITY DEFINER SET search_path = pg_catalog, public AS $$
+LANGUAGE plpgsql VOLATILE SECURITY DEFINER SET search_path = pg_catalog, public, pg_temp AS $$
 DECLARE
   p      loop.policy := loop.effective_policy(p_route);
   v_prod serve.adapter%ROWTYPE;
@@ -209,7 +209,7 @@ $$;
 -- training rows distances, ~1 s at 200 x 10k.
 CREATE OR REPLACE FUNCTION loop.trigger_drift(p_route text)
 RETURNS TABLE (trigger text, fired boolean, value float8, threshold float8, detail jsonb, line text)
-LANGUAGE plpgsql VOLATILE SECURITY DEFINER SET search_path = pg_catalog, public AS $$
+LANGUAGE plpgsql VOLATILE SECURITY DEFINER SET search_path = pg_catalog, public, pg_temp AS $$
 DECLARE
   p      loop.policy := loop.effective_policy(p_route);
   v_prod serve.adapter%ROWTYPE;
@@ -268,7 +268,7 @@ $$;
 -- Forget: the prod adapter is tainted (a user it was trained on was forgotten).
 CREATE OR REPLACE FUNCTION loop.trigger_forget(p_route text)
 RETURNS TABLE (trigger text, fired boolean, value float8, threshold float8, detail jsonb, line text)
-LANGUAGE plpgsql VOLATILE SECURITY DEFINER SET search_path = pg_catalog, public AS $$
+LANGUAGE plpgsql VOLATILE SECURITY DEFINER SET search_path = pg_catalog, public, pg_temp AS $$
 DECLARE
   v_prod serve.adapter%ROWTYPE;
 BEGIN

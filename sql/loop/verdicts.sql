@@ -10,7 +10,7 @@
 -- carries the engine's cost of serving any LoRA (+18 % p95 on the CPU engine), so the ttft guard
 -- applies only between two adapters, where that cost is on both sides.
 CREATE OR REPLACE FUNCTION loop.decision_policy(p_route text) RETURNS serve.experiment_policy
-LANGUAGE plpgsql STABLE SECURITY DEFINER SET search_path = pg_catalog, public AS $$
+LANGUAGE plpgsql STABLE SECURITY DEFINER SET search_path = pg_catalog, public, pg_temp AS $$
 DECLARE
   e serve.experiment_policy := serve.experiment_policy_of(p_route);
   p loop.policy := loop.effective_policy(p_route);
@@ -43,7 +43,7 @@ $$;
 -- (not significantly worse, or no comparable traffic) is kept with the numbers for reading.
 CREATE OR REPLACE FUNCTION loop.canary_verdict(p_cycle bigint)
 RETURNS TABLE (decision text, code text, reason text, numbers jsonb)
-LANGUAGE plpgsql VOLATILE SECURITY DEFINER SET search_path = pg_catalog, public AS $$
+LANGUAGE plpgsql VOLATILE SECURITY DEFINER SET search_path = pg_catalog, public, pg_temp AS $$
 DECLARE
   c       loop.cycle;
   p       loop.policy;
@@ -124,7 +124,7 @@ $$;
 -- worse; done = the window is over.
 CREATE OR REPLACE FUNCTION loop.watch_verdict(p_cycle bigint)
 RETURNS TABLE (regressed boolean, done boolean, metric text, reason text, numbers jsonb)
-LANGUAGE plpgsql VOLATILE SECURITY DEFINER SET search_path = pg_catalog, public AS $$
+LANGUAGE plpgsql VOLATILE SECURITY DEFINER SET search_path = pg_catalog, public, pg_temp AS $$
 DECLARE
   c     loop.cycle;
   p     loop.policy;

@@ -16,7 +16,7 @@ CREATE OR REPLACE FUNCTION obs.compute_prompt_neighbours(
   p_limit      int DEFAULT 256
 ) RETURNS int
 LANGUAGE plpgsql SECURITY DEFINER
-SET search_path = pg_catalog, public
+SET search_path = pg_catalog, public, pg_temp
 SET hnsw.iterative_scan = 'relaxed_order'
 SET hnsw.ef_search = 40
 -- A small route would rather be read through its btree and sorted: O(route) per row. With

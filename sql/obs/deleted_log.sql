@@ -15,7 +15,7 @@ COMMENT ON COLUMN obs.deleted_log.xid IS
 -- row may be logged again): a snapshot skips a marked candidate only if its log row is
 -- really gone or PII, which it checks for the marked rows alone.
 CREATE OR REPLACE FUNCTION obs.deleted_log_record() RETURNS trigger
-LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, public AS $$
+LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, public, pg_temp AS $$
 DECLARE
   v_row obs.inference_log := CASE TG_OP WHEN 'DELETE' THEN OLD ELSE NEW END;
 BEGIN

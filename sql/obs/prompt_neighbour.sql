@@ -77,7 +77,7 @@ COMMENT ON COLUMN obs.prompt_neighbour.distance IS 'Cosine distance of the two p
 -- regeneration) is queued then. Both are UPDATEs of the same log row, so whichever commits
 -- second sees the other's columns in NEW.
 CREATE OR REPLACE FUNCTION obs.prompt_neighbour_enqueue() RETURNS trigger
-LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, public AS $$
+LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, public, pg_temp AS $$
 DECLARE
   v_candidate boolean :=
     obs.is_dataset_prompt(NEW.fb_explicit, NEW.fb_regen, NEW.fb_edited, NEW.pii_flags);
@@ -124,7 +124,7 @@ CREATE OR REPLACE TRIGGER inference_log_dataset_signal
 -- edges with them. Dropped
 -- partitions (retention) do not fire triggers: obs.prune_prompt_neighbours covers those.
 CREATE OR REPLACE FUNCTION obs.prompt_neighbour_forget() RETURNS trigger
-LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, public AS $$
+LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, public, pg_temp AS $$
 BEGIN
   DELETE FROM obs.prompt_neighbour_scan s USING old_rows o
    WHERE s.log_id = o.id AND s.created_at = o.created_at;
@@ -141,7 +141,7 @@ CREATE OR REPLACE TRIGGER inference_log_forget_neighbours
 -- Markers, embeddings (by the cascade) and edges of rows older than p_before (call after
 -- dropping old partitions).
 CREATE OR REPLACE FUNCTION obs.prune_prompt_neighbours(p_before timestamptz)
-RETURNS bigint LANGUAGE sql SECURITY DEFINER SET search_path = pg_catalog, public AS $$
+RETURNS bigint LANGUAGE sql SECURITY DEFINER SET search_path = pg_catalog, public, pg_temp AS $$
   WITH s AS (DELETE FROM obs.prompt_neighbour_scan WHERE created_at < p_before RETURNING 1),
        e AS (DELETE FROM obs.prompt_neighbour WHERE a_created_at < p_before RETURNING 1)
   SELECT (SELECT count(*) FROM s) + (SELECT count(*) FROM e)

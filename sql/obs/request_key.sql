@@ -16,7 +16,7 @@ CREATE OR REPLACE FUNCTION obs.inference_log_request_key() RETURNS trigger
 
 -- SECURITY DEFINER: it writes obs.request_key, which its callers may only read.
 
-LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, public AS $$
+LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, public, pg_temp AS $$
 BEGIN
   IF TG_OP = 'INSERT' THEN
     INSERT INTO obs.request_key (tenant_id, request_id, log_id, created_at)

@@ -4,7 +4,7 @@
 -- Runs as the owner: the budget must count every canary of the route and lock the route row,
 -- whatever the caller may see or update.
 CREATE OR REPLACE FUNCTION serve.check_canary_budget(p_route text, p_adapter text, p_pct numeric)
-RETURNS void LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, public AS $$
+RETURNS void LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, public, pg_temp AS $$
 DECLARE
   v_total numeric;
 BEGIN
@@ -27,7 +27,7 @@ $$;
 -- may see. (INSERT of a canary is the owner's bootstrap alone, see serve/adapter_gate.sql.)
 CREATE OR REPLACE FUNCTION serve.check_canary_ceiling(p_route text, p_adapter text, p_pct numeric,
                                                       p_override boolean)
-RETURNS void LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, public AS $$
+RETURNS void LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, public, pg_temp AS $$
 DECLARE
   v_max   numeric;
   v_total numeric;
@@ -77,7 +77,7 @@ END
 $$;
 
 CREATE OR REPLACE FUNCTION serve.adapter_audit() RETURNS trigger
-LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, public AS $$
+LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, public, pg_temp AS $$
 BEGIN
   IF TG_OP = 'UPDATE' AND OLD.status IS NOT DISTINCT FROM NEW.status
      AND OLD.traffic_pct IS NOT DISTINCT FROM NEW.traffic_pct THEN

@@ -10,29 +10,33 @@
 
 -- Owner rights: the route row must be locked whatever the caller may update.
 CREATE OR REPLACE FUNCTION serve.lock_route(p_route text) RETURNS void
-LANGUAGE sql VOLATILE SECURITY DEFINER SET search_path = pg_catalog, public AS $$
+LANGUAGE sql VOLATILE SECURITY DEFINER SET search_path = pg_catalog, public, pg_temp AS $$
   SELECT 1 FROM serve.route WHERE name = p_route FOR UPDATE
 $$;
 
--- Owner rights: the current prod must be found even if the caller's view is limited.
+-- The caller's rights: a tenant's key finds only its own routes' prod (another tenant's route
+-- answers NULL, as row-level security shows it no row); release and dashboard roles see all.
 CREATE OR REPLACE FUNCTION serve.current_prod(p_route text) RETURNS text
-LANGUAGE sql VOLATILE SECURITY DEFINER SET search_path = pg_catalog, public AS $$
+LANGUAGE sql VOLATILE SET search_path = pg_catalog, public, pg_temp AS $$
   SELECT id FROM serve.adapter WHERE route = p_route AND status = 'prod'
 $$;
 
 -- The adapter a rollback of p_adapter would restore, or NULL if there is none fit to serve.
 CREATE OR REPLACE FUNCTION serve.previous_prod(p_adapter text) RETURNS text
-LANGUAGE sql VOLATILE SECURITY DEFINER SET search_path = pg_catalog, public AS $$
+LANGUAGE sql VOLATILE SET search_path = pg_catalog, public, pg_temp AS $$
   SELECT p.id FROM serve.adapter a JOIN serve.adapter p ON p.id = a.previous_prod_id
    WHERE a.id = p_adapter AND p.route = a.route AND p.status = 'retired' AND p.tainted_at IS NULL
 $$;
 
 -- Owner rights: callers may not write the audit trail; this adds the gate's verdict to the event
--- the audit trigger has just written for the adapter.
+-- the audit trigger has just written for the adapter: one written since the caller's transaction
+-- began, of the caller's tenant when it has one (never another tenant's event, nor an old one).
 CREATE OR REPLACE FUNCTION serve.annotate_adapter_event(p_adapter text, p_detail jsonb)
-RETURNS void LANGUAGE sql VOLATILE SECURITY DEFINER SET search_path = pg_catalog, public AS $$
+RETURNS void LANGUAGE sql VOLATILE SECURITY DEFINER SET search_path = pg_catalog, public, pg_temp AS $$
   UPDATE serve.adapter_event SET detail = coalesce(detail, '{}') || p_detail
-   WHERE id = (SELECT max(id) FROM serve.adapter_event WHERE adapter_id = p_adapter)
+   WHERE id = (SELECT max(e.id) FROM serve.adapter_event e
+                WHERE e.adapter_id = p_adapter AND e.at >= pg_catalog.now()
+                  AND (auth.current_tenant_id() IS NULL OR e.tenant_id = auth.current_tenant_id()))
 $$;
 
 REVOKE EXECUTE ON FUNCTION serve.lock_route(text), serve.current_prod(text),
@@ -43,7 +47,7 @@ GRANT EXECUTE ON FUNCTION serve.lock_route(text), serve.current_prod(text),
 
 -- Runs as the caller, so privileges, row-level security and the audit's actor stay the caller's.
 CREATE OR REPLACE FUNCTION serve.adapter_gate() RETURNS trigger
-LANGUAGE plpgsql SET search_path = pg_catalog, public AS $$
+LANGUAGE plpgsql SET search_path = pg_catalog, public, pg_temp AS $$
 DECLARE
   v_override boolean := coalesce(nullif(current_setting('cft.override', true), ''), 'off') = 'on';
   v_reason   text := nullif(btrim(coalesce(current_setting('cft.reason', true), '')), '');
@@ -137,7 +141,7 @@ END
 $$;
 
 CREATE OR REPLACE FUNCTION serve.adapter_gate_after() RETURNS trigger
-LANGUAGE plpgsql SET search_path = pg_catalog, public AS $$
+LANGUAGE plpgsql SET search_path = pg_catalog, public, pg_temp AS $$
 DECLARE
   v_detail jsonb := nullif(coalesce(current_setting('cft.gate_detail', true), ''), '')::jsonb;
   v_prev   text;
@@ -163,7 +167,7 @@ $$;
 
 -- Explicit rollback: retire the route's prod and restore the one it replaced, or fail.
 CREATE OR REPLACE FUNCTION serve.rollback(route text, reason text) RETURNS text
-LANGUAGE plpgsql SET search_path = pg_catalog, public AS $$
+LANGUAGE plpgsql SET search_path = pg_catalog, public, pg_temp AS $$
 DECLARE
   v_route  text := $1;
   v_reason text := nullif(btrim(coalesce($2, '')), '');

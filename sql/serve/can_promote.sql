@@ -29,7 +29,7 @@ CREATE OR REPLACE FUNCTION serve.promotion_blockers(candidate text, current text
 RETURNS TABLE (suite_id text, metric text, direction text, candidate_score numeric,
                current_score numeric, threshold numeric, reason text,
                candidate_author text, current_author text)
-LANGUAGE plpgsql STABLE SET search_path = pg_catalog, public AS $$
+LANGUAGE plpgsql STABLE SET search_path = pg_catalog, public, pg_temp AS $$
 #variable_conflict use_column
 DECLARE
   v_cand text := $1;
@@ -198,7 +198,7 @@ COMMENT ON FUNCTION serve.promotion_blockers(text, text) IS
 
 -- The seed's signature; true only when there is no blocker at all.
 CREATE OR REPLACE FUNCTION serve.can_promote(candidate text, current text) RETURNS boolean
-LANGUAGE sql STABLE SET search_path = pg_catalog, public AS $$
+LANGUAGE sql STABLE SET search_path = pg_catalog, public, pg_temp AS $$
   SELECT NOT EXISTS (SELECT 1 FROM serve.promotion_blockers($1, $2))
 $$;
 COMMENT ON FUNCTION serve.can_promote(text, text) IS

@@ -10,7 +10,7 @@
 -- The route's experiment policy, or a row of the table's defaults when the route has none (the
 -- defaults are read from the catalog, so they are stated once, in serve/experiment_policy.sql).
 CREATE OR REPLACE FUNCTION serve.experiment_policy_of(p_route text)
-RETURNS serve.experiment_policy LANGUAGE plpgsql STABLE SET search_path = pg_catalog, public AS $$
+RETURNS serve.experiment_policy LANGUAGE plpgsql STABLE SET search_path = pg_catalog, public, pg_temp AS $$
 DECLARE
   pol    serve.experiment_policy;
   v_defs jsonb := '{}';
@@ -115,7 +115,7 @@ CREATE OR REPLACE FUNCTION serve.canary_decision(p_route text,
                                                  p_policy serve.experiment_policy DEFAULT NULL)
 RETURNS TABLE (canary_id text, control_id text, decision text, code text, reason text,
                numbers jsonb)
-LANGUAGE plpgsql SET search_path = pg_catalog, public AS $$
+LANGUAGE plpgsql SET search_path = pg_catalog, public, pg_temp AS $$
 #variable_conflict use_column
 DECLARE
   pol        serve.experiment_policy;
@@ -273,7 +273,7 @@ CREATE OR REPLACE FUNCTION serve.watch_decision(p_route text, p_window interval 
                                                 p_policy serve.experiment_policy DEFAULT NULL)
 RETURNS TABLE (adapter_id text, previous_id text, decision text, code text, reason text,
                numbers jsonb)
-LANGUAGE plpgsql SET search_path = pg_catalog, public AS $$
+LANGUAGE plpgsql SET search_path = pg_catalog, public, pg_temp AS $$
 #variable_conflict use_column
 DECLARE
   pol        serve.experiment_policy;

@@ -10,7 +10,7 @@
 -- stay the caller's).
 CREATE OR REPLACE FUNCTION serve.experiment_autopolicy(p_route text)
 RETURNS SETOF serve.experiment_decision
-LANGUAGE plpgsql VOLATILE SET search_path = pg_catalog, public AS $$
+LANGUAGE plpgsql VOLATILE SET search_path = pg_catalog, public, pg_temp AS $$
 DECLARE
   pol      serve.experiment_policy%ROWTYPE;
   v_rt     serve.route%ROWTYPE;

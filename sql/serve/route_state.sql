@@ -31,7 +31,7 @@ COMMENT ON FUNCTION serve.route_state(text) IS
 -- route instead. Above pg_notify's 8000 bytes (hundreds of canaries) the payload names the
 -- route alone, and routers read it.
 CREATE OR REPLACE FUNCTION serve.notify_route_state(p_route text) RETURNS void
-LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, public AS $$
+LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, public, pg_temp AS $$
 DECLARE
   v_payload text;
 BEGIN
@@ -52,7 +52,7 @@ COMMENT ON FUNCTION serve.notify_route_state(text) IS
 -- Deferred to COMMIT, so the payload is the transaction's final state, whatever it changed
 -- after this row (the previous prod demoted by a later statement, the route's experiment).
 CREATE OR REPLACE FUNCTION serve.adapter_route_notify() RETURNS trigger
-LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, public AS $$
+LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, public, pg_temp AS $$
 BEGIN
   IF TG_OP = 'UPDATE' AND (OLD.id, OLD.route, OLD.status, OLD.traffic_pct, OLD.created_at)
                           IS NOT DISTINCT FROM
@@ -76,7 +76,7 @@ CREATE CONSTRAINT TRIGGER adapter_route_notify
   FOR EACH ROW EXECUTE FUNCTION serve.adapter_route_notify();
 
 CREATE OR REPLACE FUNCTION serve.route_notify() RETURNS trigger
-LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, public AS $$
+LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, public, pg_temp AS $$
 BEGIN
   PERFORM serve.notify_route_state(OLD.name);
   IF TG_OP = 'UPDATE' AND NEW.name IS DISTINCT FROM OLD.name THEN

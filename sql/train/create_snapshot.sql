@@ -30,7 +30,7 @@ CREATE OR REPLACE FUNCTION train.create_snapshot(
   p_created_by      text DEFAULT NULL
 ) RETURNS train.dataset_snapshot
 LANGUAGE plpgsql SECURITY DEFINER
-SET search_path = pg_catalog, public
+SET search_path = pg_catalog, public, pg_temp
 SET work_mem = '128MB'
 SET hnsw.iterative_scan = 'relaxed_order'
 SET hnsw.ef_search = 40

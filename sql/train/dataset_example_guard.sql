@@ -76,7 +76,7 @@ CREATE OR REPLACE TRIGGER dataset_snapshot_no_truncate
 -- the constraint did. TRUNCATE of either table is refused above.
 
 CREATE OR REPLACE FUNCTION train.dataset_example_snapshot_ref() RETURNS trigger
-LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, public AS $$
+LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, public, pg_temp AS $$
 BEGIN  -- UPDATE OF snapshot_id (the WHEN clause: it changed)
   PERFORM 1 FROM train.dataset_snapshot s WHERE s.id = NEW.snapshot_id FOR KEY SHARE;
   IF NOT FOUND THEN
@@ -88,7 +88,7 @@ END
 $$;
 
 CREATE OR REPLACE FUNCTION train.dataset_snapshot_example_ref() RETURNS trigger
-LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, public AS $$
+LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, public, pg_temp AS $$
 BEGIN
   IF TG_OP = 'DELETE' THEN  -- statement level: cascade to the deleted drafts' examples
     DELETE FROM train.dataset_example e USING old_rows o WHERE e.snapshot_id = o.id;
@@ -135,7 +135,7 @@ REVOKE ALL ON FUNCTION train.dataset_snapshot_example_ref() FROM PUBLIC;
 -- skip a check it could not drop.
 
 CREATE OR REPLACE FUNCTION train.dataset_example_insert_check() RETURNS trigger
-LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, public AS $$
+LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, public, pg_temp AS $$
 BEGIN
   PERFORM 1 FROM train.dataset_snapshot s WHERE s.id = NEW.snapshot_id FOR KEY SHARE;
   IF NOT FOUND THEN

@@ -13,7 +13,7 @@
 -- learn about keys through it).
 CREATE OR REPLACE FUNCTION train.key_author(p_key_id bigint)
 RETURNS TABLE (role text, prefix text, tenant_id int)
-LANGUAGE sql STABLE SECURITY DEFINER SET search_path = pg_catalog, public AS $$
+LANGUAGE sql STABLE SECURITY DEFINER SET search_path = pg_catalog, public, pg_temp AS $$
   SELECT k.role, k.prefix, k.tenant_id FROM auth.api_key k
    WHERE k.id = p_key_id AND k.revoked_at IS NULL
      AND EXISTS (SELECT 1 FROM pg_class c WHERE c.oid = 'train.eval_result'::regclass
@@ -26,7 +26,7 @@ GRANT EXECUTE ON FUNCTION train.key_author(bigint) TO cft_app, cft_release;
 CREATE OR REPLACE FUNCTION train.current_author()
 RETURNS TABLE (author_kind text, author_role text, author_key_id bigint, author text,
                key_tenant_id int)
-LANGUAGE plpgsql STABLE SET search_path = pg_catalog, public AS $$
+LANGUAGE plpgsql STABLE SET search_path = pg_catalog, public, pg_temp AS $$
 DECLARE
   v_owner     oid := (SELECT c.relowner FROM pg_class c WHERE c.oid = 'train.eval_result'::regclass);
   v_trusted   boolean;
@@ -65,7 +65,7 @@ $$;
 -- Every INSERT and UPDATE of a result (an ON CONFLICT update, a raw UPDATE of a score) makes
 -- the writing session its author, whatever the statement says about the author columns.
 CREATE OR REPLACE FUNCTION train.eval_result_author() RETURNS trigger
-LANGUAGE plpgsql SET search_path = pg_catalog, public AS $$
+LANGUAGE plpgsql SET search_path = pg_catalog, public, pg_temp AS $$
 DECLARE
   a record;
 BEGIN

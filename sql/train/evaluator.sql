@@ -66,7 +66,7 @@ GRANT SELECT ON train.eval_suite, train.eval_case, train.eval_request TO cft_rel
 
 -- Wake evaluators: a request, or an adapter becoming a candidate.
 CREATE OR REPLACE FUNCTION train.eval_notify() RETURNS trigger
-LANGUAGE plpgsql SET search_path = pg_catalog, public AS $$
+LANGUAGE plpgsql SET search_path = pg_catalog, public, pg_temp AS $$
 BEGIN
   PERFORM pg_notify('cft_eval', NEW.adapter_id);
   RETURN NULL;
@@ -76,7 +76,7 @@ CREATE OR REPLACE TRIGGER eval_request_notify AFTER INSERT ON train.eval_request
   FOR EACH ROW EXECUTE FUNCTION train.eval_notify();
 
 CREATE OR REPLACE FUNCTION serve.adapter_candidate_notify() RETURNS trigger
-LANGUAGE plpgsql SET search_path = pg_catalog, public AS $$
+LANGUAGE plpgsql SET search_path = pg_catalog, public, pg_temp AS $$
 BEGIN
   PERFORM pg_notify('cft_eval', NEW.id);
   RETURN NULL;

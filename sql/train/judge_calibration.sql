@@ -51,7 +51,7 @@ COMMENT ON COLUMN train.judge_verdict.human_label IS
   'People''s label of the case when it was judged (true: acceptable).';
 
 CREATE OR REPLACE FUNCTION train.calibration_case_author() RETURNS trigger
-LANGUAGE plpgsql SET search_path = pg_catalog, public AS $$
+LANGUAGE plpgsql SET search_path = pg_catalog, public, pg_temp AS $$
 BEGIN
   NEW.author := (SELECT a.author FROM train.current_author() a);
   RETURN NEW;
@@ -68,7 +68,7 @@ CREATE OR REPLACE TRIGGER eval_calibration_case_author BEFORE INSERT OR UPDATE O
 CREATE OR REPLACE FUNCTION train.record_judge_calibration(
   p_suite text, p_judge_model text, p_rubric_version text, p_verdicts jsonb,
   p_threshold numeric DEFAULT 5)
-RETURNS train.judge_calibration LANGUAGE plpgsql SET search_path = pg_catalog, public AS $$
+RETURNS train.judge_calibration LANGUAGE plpgsql SET search_path = pg_catalog, public, pg_temp AS $$
 DECLARE
   v_cases bigint[];
   v_given bigint[];

@@ -24,7 +24,7 @@ GRANT SELECT ON train.candidate_view_refresh TO cft_dashboard;
 -- seen by some view, stays. Returns the views refreshed.
 CREATE OR REPLACE FUNCTION train.refresh_dataset_candidates(p_methods text[] DEFAULT NULL)
 RETURNS text[]
-LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, public AS $$
+LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, public, pg_temp AS $$
 DECLARE
   -- Taken before the refreshes, whose own snapshots see at least what this one sees.
   v_seen  pg_snapshot := pg_current_snapshot();
