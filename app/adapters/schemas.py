@@ -158,7 +158,7 @@ class PolicyRule(BaseModel):
         None,
         max_length=20,
         description="Authors whose results satisfy the rule (author_role: evaluator, release,"
-        " owner, trainer, admin, ...); None: the database default (evaluator, release, owner).",
+        " owner, trainer, admin, ...); None: the database default (evaluator, owner).",
     )
     min_judge_kappa: float | None = Field(
         None,

@@ -9,7 +9,7 @@
 -- both by authors the rule trusts).
 --
 -- Authors (train/eval_author.sql): a required rule is satisfied only by results whose author_role
--- is in the rule's trusted_authors (default evaluator, release, owner), on both sides of the
+-- is in the rule's trusted_authors (default evaluator, owner), on both sides of the
 -- comparison; anyone else's (a trainer key's) results are shown, named in the blocker, and still
 -- compared where a rule is not required, but satisfy nothing. A required judge-scored result
 -- (judge_model set) also needs the latest calibration of that judge and rubric version on the

@@ -25,9 +25,12 @@ COMMENT ON COLUMN train.eval_result.author_role IS
   ' (trainer, release, admin, ...), or a SQL role (owner, release, app, dashboard, other).';
 
 -- The authors whose results satisfy a required rule unless a rule says otherwise
--- (train.promotion_policy.trusted_authors): the evaluator worker, the release role (a release
--- key or the cft_release SQL role) and the schema owner (migrations, the operator).
+-- (train.promotion_policy.trusted_authors): the evaluator worker and the schema owner
+-- (migrations, the operator). Not the release role: the role that promotes does not also write
+-- the results that let it promote (its results are shown and audited, and count where a rule
+-- names release). An UPDATE of a result re-stamps its author, so a release login that rewrites
+-- a score makes it the release role's.
 CREATE OR REPLACE FUNCTION train.default_trusted_authors() RETURNS text[]
 LANGUAGE sql IMMUTABLE PARALLEL SAFE AS $$
-  SELECT ARRAY['evaluator', 'release', 'owner']
+  SELECT ARRAY['evaluator', 'owner']
 $$;

@@ -20,7 +20,7 @@ COMMENT ON COLUMN train.promotion_policy.required IS
   'present, required for nothing.';
 COMMENT ON COLUMN train.promotion_policy.created_at IS 'When the rule was written.';
 COMMENT ON COLUMN train.promotion_policy.trusted_authors IS
-  'The author_role values whose results satisfy the rule (default evaluator, release, owner).';
+  'The author_role values whose results satisfy the rule (default evaluator, owner).';
 COMMENT ON COLUMN train.promotion_policy.min_judge_kappa IS
   'A judge-scored result counts only from a judge whose latest calibration on the suite has at '
   'least this Cohen''s kappa (default 0.6).';

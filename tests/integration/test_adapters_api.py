@@ -29,10 +29,12 @@ def _result(conn, adapter, suite, metric, score):
 def world(conn):
     t = make_tenant(conn)
     r = make_route(conn, tenant_id=t["id"])
+    # These rules trust the release role's results too (by default only the evaluator's count):
+    # the tests record scores over REST with a release key.
     for suite, metric, direction in (("tasks", "accuracy", "higher"), ("heldout", "loss", "lower")):
         conn.execute(
-            "INSERT INTO train.promotion_policy (route, suite_id, metric, direction)"
-            " VALUES (%s, %s, %s, %s)",
+            "INSERT INTO train.promotion_policy (route, suite_id, metric, direction,"
+            " trusted_authors) VALUES (%s, %s, %s, %s, '{evaluator,release,owner}')",
             (r["name"], suite, metric, direction),
         )
     prod = make_adapter(conn, route=r, status="prod", traffic_pct=100)["id"]

@@ -123,7 +123,7 @@ def test_trainer_results_are_kept_and_shown_but_do_not_satisfy_required_rules(
     }
     assert all(
         b["reason"].startswith(f"candidate result is by {label}, whom this rule does not trust")
-        and "evaluator, release, owner" in b["reason"]
+        and "(trusted: evaluator, owner)" in b["reason"]
         for b in ruled
     ), ruled
     # And untrusted results compare nothing.
@@ -143,11 +143,19 @@ def test_trainer_results_are_kept_and_shown_but_do_not_satisfy_required_rules(
     )
     assert canary.status_code == 409 and "does not trust" in canary.json()["error"]["message"]
 
-    # The same scores from a release key are trusted: the gate passes, and the promotion goes.
+    # The same scores from a release key are shown but, by default, satisfy nothing either (the
+    # role that promotes does not certify its own promotion); a rule that names release trusts
+    # them, and the promotion goes.
     resp = _post_results(api, keys["release"], world["cand"], 0.95, 1.0)
     assert {(r["author_role"], r["author_key_id"]) for r in resp.json()} == {
         ("release", ids["release"])
     }
+    assert _blockers(conn, world["cand"], world["prod"]) != []
+    conn.execute(
+        "UPDATE train.promotion_policy SET trusted_authors = '{evaluator,release,owner}'"
+        " WHERE route = %s",
+        (world["route"],),
+    )
     assert _blockers(conn, world["cand"], world["prod"]) == []
     promote = httpx.post(
         f"{api}/v1/adapters/{world['cand']}/promote", headers=_h(keys["release"]), timeout=10
@@ -209,7 +217,7 @@ def test_policy_can_trust_trainers(api: str, conn: Any, world: dict[str, Any]) -
         f"{api}/v1/promotion-policy", params={"route": world["route"]}, headers=_h(keys["reader"])
     ).json()["data"]
     glob = [r for r in got if r["route"] is None]
-    assert glob and all(r["trusted_authors"] == ["evaluator", "release", "owner"] for r in glob)
+    assert glob and all(r["trusted_authors"] == ["evaluator", "owner"] for r in glob)
 
 
 def test_sql_roles_are_authors(conn: Any, world: dict[str, Any]) -> None:
@@ -226,7 +234,8 @@ def test_sql_roles_are_authors(conn: Any, world: dict[str, Any]) -> None:
         (cand,),
     ).fetchone()
     assert row == {"author_kind": "sql", "author_role": "owner", "author": f"sql role {owner}"}
-    # cft_release records results too, and they count.
+    # cft_release records results too: shown and audited, but by default they do not satisfy a
+    # required rule (the role that promotes does not certify its own promotion).
     with conn.transaction():
         conn.execute("SET LOCAL ROLE cft_release")
         conn.execute(
@@ -235,6 +244,14 @@ def test_sql_roles_are_authors(conn: Any, world: dict[str, Any]) -> None:
             (cand,),
         )
     assert _authors(conn, cand) == {("sql", "owner"), ("sql", "release")}
+    refused = _blockers(conn, cand, world["prod"])
+    assert any("whom this rule does not trust" in (b["reason"] or "") for b in refused), refused
+    # A rule that names release trusts it.
+    conn.execute(
+        "UPDATE train.promotion_policy SET trusted_authors = '{evaluator,release,owner}'"
+        " WHERE route = %s",
+        (world["route"],),
+    )
     assert _blockers(conn, cand, world["prod"]) == []
     # cft_app without a key (what the API's role is, outside a request) is not trusted.
     with conn.transaction():
@@ -349,4 +366,29 @@ def test_a_key_of_another_tenant_cannot_author(conn: Any, world: dict[str, Any])
             "INSERT INTO train.eval_result (adapter_id, suite_id, metric, score)"
             " VALUES (%s, 'tasks', 'accuracy', 0.9)",
             (world["cand"],),
+        )
+
+
+def test_a_release_login_cannot_certify_its_own_promotion(conn: Any, world: dict[str, Any]) -> None:
+    """The audit's door: as cft_release, raise a refused candidate's scores and lower the prod's,
+    then promote. The rewritten results are the release role's, which satisfy no required rule
+    by default: the gate still refuses, and the raw UPDATE promoting it fails."""
+    cand, prod = world["cand"], world["prod"]
+    conn.execute(
+        "INSERT INTO train.eval_result (adapter_id, suite_id, metric, score) VALUES"
+        " (%s, 'tasks', 'accuracy', 0.1), (%s, 'heldout', 'loss', 9.0)",
+        (cand, cand),
+    )
+    assert _blockers(conn, cand, prod)  # refused on its merits
+    with conn.transaction():
+        conn.execute("SET LOCAL ROLE cft_release")
+        conn.execute("UPDATE train.eval_result SET score = 0.99 WHERE adapter_id = %s", (cand,))
+        conn.execute("UPDATE train.eval_result SET score = 0.01 WHERE adapter_id = %s", (prod,))
+    refused = _blockers(conn, cand, prod)
+    assert any("whom this rule does not trust" in (b["reason"] or "") for b in refused), refused
+    with pytest.raises(psycopg.Error), conn.transaction():
+        conn.execute("SET LOCAL ROLE cft_release")
+        conn.execute("SELECT set_config('cft.reason', 'looks good', true)")
+        conn.execute(
+            "UPDATE serve.adapter SET status = 'prod', traffic_pct = 100 WHERE id = %s", (cand,)
         )

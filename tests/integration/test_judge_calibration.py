@@ -97,13 +97,21 @@ def test_judge_calibration_is_stored_and_enforced(
     assert made.status_code == 201, made.text
     assert [c["human_label"] for c in made.json()["calibration"]] == [y for *_, y in LABELLED]
     assert made.json()["calibrations"] == []
-    # A required judge-scored metric, recorded by a trusted author (a release key).
+    # A required judge-scored metric, recorded by an author the rule trusts (a release key: the
+    # rule names release, which by default is not trusted).
     put = httpx.put(
         f"{api}/v1/promotion-policy",
         headers=_h(keys["admin"]),
         json={
             "route": route,
-            "rules": [{"suite_id": suite, "metric": "judge_score", "direction": "higher"}],
+            "rules": [
+                {
+                    "suite_id": suite,
+                    "metric": "judge_score",
+                    "direction": "higher",
+                    "trusted_authors": ["evaluator", "release", "owner"],
+                }
+            ],
         },
         timeout=10,
     )

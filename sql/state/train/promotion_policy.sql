@@ -3,7 +3,7 @@
 -- metric. direction 'ignore': the gate does not compare that suite's metric (a result on a
 -- suite/metric no row names is compared by the default rule: higher is better, 2 %).
 -- A required rule is satisfied only by results whose author_role is in trusted_authors (default
--- train.default_trusted_authors(): evaluator, release, owner), and, for a judge-scored result
+-- train.default_trusted_authors(): evaluator, owner), and, for a judge-scored result
 -- (judge_model set), only from a judge calibrated on the suite with that rubric whose Cohen's
 -- kappa is at least min_judge_kappa (default 0.6: "substantial" agreement).
 CREATE TABLE train.promotion_policy (
