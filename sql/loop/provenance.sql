@@ -15,7 +15,8 @@ LANGUAGE sql STABLE AS $$
   SELECT 2, 'cycle', c.id::text, jsonb_build_object('state', c.state, 'created_at', c.created_at,
          'finished_at', c.finished_at, 'method', c.method, 'method_reason', c.method_reason,
          'hyperparameters', c.hyperparameters, 'signal_counts', c.signal_counts,
-         'training_run_id', c.training_run_id, 'attempts', c.attempts, 'error', c.error) FROM c
+         'training_run_id', c.training_run_id, 'attempts', c.attempts, 'error', c.error,
+         'settings_tried', c.settings_tried) FROM c
   UNION ALL
   SELECT 3, 'trigger', c.trigger, c.trigger_values FROM c
   UNION ALL

@@ -128,11 +128,6 @@ def _seed(c: Any, url: str, tmp: Path) -> dict[str, Any]:
     route = make_route(c, tenant_id=a["id"], name=ROUTE, experiment="support-es-exp")
     prod = {"id": "support-es-v1"}  # registered below, on the trained candidate's base revision
     c.execute("SELECT obs.create_partitions(1, now() - interval '5 weeks')")
-    # A few thousand calls, most in the last two days: the calls browser's window and EXPLAIN.
-    for n, hours, seed in ((3000, 48, 0.1), (1000, 720, 0.2)):
-        make_traffic(c, tenant_id=a["id"], route=ROUTE, experiment="support-es-exp", variant="A",
-                     adapter_id=prod["id"], n=n, p_up=0.6, p_regen=0, p_edit=0, hours=hours,
-                     seed=seed)  # fmt: skip
     # Edited answers: the SFT snapshot's source rows (four prompts twice: exact duplicates).
     for i in range(SFT_ROWS + 4):
         make_log(c, tenant_id=a["id"], route=ROUTE, adapter_id=prod["id"], variant="A",
@@ -144,6 +139,11 @@ def _seed(c: Any, url: str, tmp: Path) -> dict[str, Any]:
                    messages=_user(XSS), completion=f"answer {XSS}", fb_regen=True)  # fmt: skip
     snap = datasets.create_snapshot(c, tenant_id=a["id"], route=ROUTE, method="sft",
                                     dedup_threshold=0, eval_pct=0)  # fmt: skip
+    # After the snapshot (its thumbs-up answers would be SFT examples too). A few thousand calls, most in the last two days: the calls browser's window and EXPLAIN.
+    for n, hours, seed in ((3000, 48, 0.1), (1000, 720, 0.2)):
+        make_traffic(c, tenant_id=a["id"], route=ROUTE, experiment="support-es-exp", variant="A",
+                     adapter_id=prod["id"], n=n, p_up=0.6, p_regen=0, p_edit=0, hours=hours,
+                     seed=seed)  # fmt: skip
     store = LocalStore(tmp / "store")
     run = _train(c, url, store, snap, steps=STEPS, total=STEPS, adapter_id=f"{ROUTE}-run1")
     running = _train(c, url, store, snap, steps=12, total=STEPS)
@@ -205,11 +205,12 @@ def _loop_history(
     c.execute(
         "INSERT INTO loop.cycle (tenant_id, route, state, trigger, trigger_values, method,"
         " method_reason, snapshot_id, training_run_id, adapter_id, canary_pct, experiment,"
-        " decision, decision_code, decision_reason, current_prod_id, blockers)"
+        " decision, decision_code, decision_reason, current_prod_id, blockers, settings_tried)"
         " VALUES (%s, %s, 'rejected', 'volume', %s, 'sft', 'edits: 26 usable', %s, %s, %s, 20, %s,"
-        " 'retire', 'worse', 'canary significantly worse: thumbs_up_rate 0.61 -> 0.42', %s, %s)",
+        " 'retire', 'worse', 'canary significantly worse: thumbs_up_rate 0.61 -> 0.42', %s, %s,"
+        " %s)",
         (tenant_id, ROUTE, Jsonb({"new_examples": 26, "threshold": 24}), snap["id"], run["id"],
-         cand, Jsonb(numbers), prod, Jsonb([])),
+         cand, Jsonb(numbers), prod, Jsonb([]), Jsonb(TRIED)),
     )  # fmt: skip
     c.execute(
         "INSERT INTO serve.experiment_decision (route, tenant_id, experiment, canary_id,"
@@ -224,6 +225,16 @@ def _client(w: dict[str, Any], key: str) -> Iterator[httpx.Client]:
     with httpx.Client(base_url=w["base"], timeout=30) as client:
         assert login(client, key).status_code == 303
         yield client
+
+
+TRIED = [
+    {"hyperparameters": {"learning_rate": 0.0123, "max_steps": 9}, "adapter_id": "first",
+     "kept": False, "offline": {"against": "the base model", "best": {
+         "suite": "heldout", "metric": "answer_similarity", "reference": 0.1, "candidate": 0.12}}},
+    {"hyperparameters": {"learning_rate": 0.005, "max_steps": 14}, "adapter_id": "second",
+     "kept": True, "offline": {"against": "the base model", "best": {
+         "suite": "heldout", "metric": "answer_similarity", "reference": 0.1, "candidate": 0.42}}},
+]  # fmt: skip
 
 
 def test_every_page_renders_the_seeded_rows(world: dict[str, Any]) -> None:
@@ -245,6 +256,9 @@ def test_every_page_renders_the_seeded_rows(world: dict[str, Any]) -> None:
         lineage = http.get(f"/dashboard/lineage/{w['candidate']}").text
         assert f"{SFT_ROWS} examples from {SFT_ROWS} logged calls" in lineage
         assert "canary significantly worse" in lineage
+        # Every setting the cycle tried, with its held-out numbers.
+        assert 'class="settings-tried"' in lineage and "0.0123" in lineage
+        assert "heldout/answer_similarity 0.100 → 0.420" in lineage
         # Bad input: a clear 400, not a 500.
         bad = http.get("/dashboard/calls", params={"before": "yesterday"})
         assert bad.status_code == 400 and "cursor" in bad.text
