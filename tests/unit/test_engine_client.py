@@ -10,8 +10,9 @@ from typing import Any
 import pytest
 import uvloop
 
-from app.gateway import engines
-from app.gateway.engines import ENGINE_ERRORS, EngineClient, EngineError
+from app.gateway import client as engine_client
+from app.gateway.client import EngineClient, EngineError
+from app.gateway.pool import ENGINE_ERRORS
 
 Answer = Callable[[bytes], Awaitable[bytes | None]]  # request bytes -> raw response (None: drop)
 
@@ -151,7 +152,7 @@ def test_idle_connections_expire_before_the_engines_keep_alive(
         server, url, accepted = await serve(answer)
         client = EngineClient(timeout=5)
         await client.post(url, "/a", b"{}")
-        monkeypatch.setattr(engines, "KEEPALIVE_S", 0.0)
+        monkeypatch.setattr(engine_client, "KEEPALIVE_S", 0.0)
         await client.post(url, "/a", b"{}")
         assert len(accepted) == 2
         await stop(client, server)
