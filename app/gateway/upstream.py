@@ -91,9 +91,9 @@ async def _adapter_failed(
 
 async def _refused(engine: EngineState, resp: EngineResponse) -> bool:
     """True when the engine's answer says the adapter is not available there (by its kind)."""
-    kind = kind_of(engine.kind)
     if resp.status in (200, 201):
         return False
+    kind = kind_of(engine.kind)
     if kind.adapter_refused(resp.status, b""):
         return True  # the status says it: no body to wait for
     try:

@@ -11,7 +11,7 @@ import pytest
 import uvloop
 
 from app.gateway import client as engine_client
-from app.gateway.client import EngineClient, EngineError
+from app.gateway.client import EngineClient, EngineError, EngineResponse, Reply
 from app.gateway.pool import ENGINE_ERRORS
 
 Answer = Callable[[bytes], Awaitable[bytes | None]]  # request bytes -> raw response (None: drop)
@@ -171,3 +171,15 @@ def test_only_plain_http_urls_use_the_lean_client() -> None:
         "/v",
         b"[::1]:8001",
     )
+
+
+def test_a_whole_reply_reads_as_any_engine_response() -> None:
+    """The pool's one answer type: a Reply streams its body in one piece, finishes at once."""
+
+    async def test() -> None:
+        reply: EngineResponse = Reply(200, b'data: {"a": 1}\n\n')
+        assert (reply.status, await reply.read()) == (200, b'data: {"a": 1}\n\n')
+        assert [chunk async for chunk in reply.chunks()] == [b'data: {"a": 1}\n\n']
+        reply.finish()
+
+    asyncio.run(test())
