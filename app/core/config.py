@@ -8,6 +8,8 @@ from pathlib import Path
 from pydantic import Field, SecretStr, field_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
+from app.engines.kinds import parse_engine_urls
+
 
 class Settings(BaseSettings):
     """cft configuration; every field is documented in docs/configuration.md."""
@@ -75,7 +77,7 @@ class Settings(BaseSettings):
     engine_max_lora_rank: int = Field(
         16,
         description="The engines' --max-lora-rank: the trainer refuses to register an adapter"
-        " an engine would not load (app/adapters/engine_compat.py).",
+        " an engine would not load (app/engines/compat.py).",
     )
     route_cache_ttl: float = Field(
         5.0, description="Seconds the router caches a route (NOTIFY invalidates at once)."
@@ -141,8 +143,6 @@ class Settings(BaseSettings):
     @field_validator("engine_urls")
     @classmethod
     def _engine_urls_parse(cls, value: str) -> str:
-        from app.gateway.engine_kinds import parse_engine_urls  # pure; no gateway runtime
-
         parse_engine_urls(value)  # a readable ValueError at startup
         return value
 

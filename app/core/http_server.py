@@ -5,7 +5,7 @@ expiry of httpx's pool (the OpenAI Python SDK's): a client reusing a connection 
 under 5 s races the server closing it, and the request fails with a connection reset (the demo
 hit it between two canary rounds). Servers should outlive their clients' pools, and load
 balancers' (60 s is common), so a client always closes first. cft's own engine client drops
-idle connections after 4 s (app/gateway/engines.py).
+idle connections after 4 s (app/gateway/client.py).
 """
 
 from __future__ import annotations

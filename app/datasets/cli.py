@@ -12,7 +12,7 @@ from typing import Any
 from app.core.db import connect, database_url
 from app.core.errors import CftError
 from app.datasets import service as datasets
-from app.training.methods import METHODS
+from app.datasets.methods import METHODS
 
 
 def register(subparsers: Any) -> None:

@@ -8,7 +8,7 @@ from uuid import UUID
 
 from pydantic import BaseModel, Field
 
-from app.training.methods import Method
+from app.datasets.methods import Method
 
 
 class SnapshotWindow(BaseModel):

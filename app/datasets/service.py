@@ -19,7 +19,7 @@ import psycopg
 
 from app.core.db import Connection
 from app.core.errors import BadRequest, Conflict, Forbidden, NotFound
-from app.training.methods import METHODS
+from app.datasets.methods import METHODS
 
 SPLITS = ("train", "eval")
 DEFAULT_DEDUP_THRESHOLD = 0.1

@@ -13,7 +13,6 @@ import asyncio
 import time
 from typing import Any
 
-import aiohttp
 import orjson
 import psycopg
 from fastapi import Request, Response
@@ -23,12 +22,12 @@ from app.core.errors import BadRequest, DatabaseUnavailable, NotFound, Unavailab
 from app.core.metrics import ROUTER_REQUESTS, ROUTING_DECISIONS, child
 from app.gateway import request as call
 from app.gateway.assign import Assignment, RouteState
-from app.gateway.engines import ENGINE_ERRORS
 from app.gateway.logsink import TENANT_KEY
 from app.gateway.logwriter import LogWriter
+from app.gateway.pool import ENGINE_ERRORS
 from app.gateway.relay import Stream, engine_error, relay
 from app.gateway.service import RouterRuntime
-from app.gateway.upstream import Sent, done, engine_unavailable, send
+from app.gateway.upstream import Sent, engine_unavailable, send
 from app.logs.validation import InvalidRecord, check_call
 
 PATHS = {"chat": "/v1/chat/completions", "completions": "/v1/completions"}
@@ -161,7 +160,7 @@ async def _whole(
         writer.submit(record)
         raise engine_unavailable(f"the inference engine failed: {exc!r}", headers) from exc
     finally:
-        done(upstream)
+        upstream.finish()
     try:
         data = orjson.loads(raw) if raw else {}
     except orjson.JSONDecodeError:
@@ -194,14 +193,13 @@ async def _streamed(
 ) -> Response:
     """Answer a streamed call: the relayed events, or the engine's error as a whole body."""
     upstream = sent.response
-    assert isinstance(upstream, aiohttp.ClientResponse)  # streams go through aiohttp
     if upstream.status != 200:
         try:
             payload = await upstream.read()
         except ENGINE_ERRORS as exc:
             payload = orjson.dumps(engine_error(f"the inference engine failed: {exc!r}"))
         finally:
-            done(upstream)
+            upstream.finish()
         record |= {"status": "error", "completion": None}
         child(ROUTER_REQUESTS, route_name, sent.model, "error").inc()
         writer.submit(record)

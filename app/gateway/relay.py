@@ -6,16 +6,15 @@ import time
 from collections.abc import AsyncIterator
 from typing import Any
 
-import aiohttp
 import orjson
 from fastapi.responses import StreamingResponse
 from starlette.types import Receive, Scope, Send
 
 from app.core.metrics import ROUTER_REQUESTS, child
-from app.gateway.engines import ENGINE_ERRORS
+from app.gateway.client import EngineResponse
 from app.gateway.logwriter import LogWriter
+from app.gateway.pool import ENGINE_ERRORS
 from app.gateway.tasks import background
-from app.gateway.upstream import done
 
 
 class Stream(StreamingResponse):
@@ -52,7 +51,7 @@ def _delta_text(obj: dict[str, Any], kind: str) -> str | None:
 
 
 async def relay(
-    upstream: aiohttp.ClientResponse,
+    upstream: EngineResponse,
     *,
     kind: str,
     route_name: str,
@@ -68,7 +67,7 @@ async def relay(
     status = "partial"
     buffer = b""
     try:
-        async for chunk in upstream.content.iter_any():
+        async for chunk in upstream.chunks():
             buffer += chunk
             events, buffer = _sse_events(buffer)
             for event in events:
@@ -110,4 +109,4 @@ async def relay(
         )
         child(ROUTER_REQUESTS, route_name, model, status).inc()
         writer.submit(record)
-        done(upstream)
+        upstream.finish()

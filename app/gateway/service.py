@@ -20,10 +20,11 @@ from app.core.config import Settings
 from app.core.db import Pool
 from app.core.metrics import LOG_QUEUE_DEPTH, ROUTER_LOG_DROPPED
 from app.core.pseudonym import user_hash, user_secret
-from app.gateway.engines import EnginePool, EngineState
+from app.engines.state import EngineState
 from app.gateway.logprocess import WRITER_PERMANENT_ERRORS, ProcessSink
 from app.gateway.logsink import LogSink
 from app.gateway.logwriter import LogWriter
+from app.gateway.pool import EnginePool
 from app.gateway.table import RouteTable
 
 # Users whose pseudonym the router keeps (an HMAC per call is ~2 µs; a hit is a dict lookup).

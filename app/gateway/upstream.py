@@ -7,7 +7,6 @@ import time
 from dataclasses import dataclass
 from typing import Any
 
-import aiohttp
 import orjson
 
 from app.core.errors import Unavailable
@@ -18,23 +17,23 @@ from app.core.metrics import (
     ROUTER_REQUESTS,
     child,
 )
+from app.engines.kinds import kind_of
+from app.engines.state import EngineState
 from app.gateway.assign import Assignment, RouteState
-from app.gateway.engine_kinds import adapter_refused, upstream_fields
-from app.gateway.engines import ENGINE_ERRORS, EngineState, Reply
+from app.gateway.client import EngineResponse
+from app.gateway.pool import ENGINE_ERRORS
 from app.gateway.service import RouterRuntime
 
 log = logging.getLogger("cft.gateway.upstream")
 
 RETRY_AFTER = "2"
 
-Response = aiohttp.ClientResponse | Reply
-
 
 @dataclass(frozen=True, slots=True)
 class Sent:
     """An engine's answer to a call: what answered, with which model, and why that model."""
 
-    response: Response
+    response: EngineResponse
     engine: EngineState
     model: str
     # None when the assigned model served the call, else the fallback reason.
@@ -49,17 +48,6 @@ def engine_unavailable(message: str, headers: dict[str, str] | None = None) -> U
         code="engine_unavailable",
         headers=(headers or {}) | {"Retry-After": RETRY_AFTER},
     )
-
-
-def done(resp: Response) -> None:
-    """Give the connection back to the pool when the body was read to its end, else close it
-    (which also tells the engine to stop generating). Synchronous: safe in cancelled cleanup."""
-    if isinstance(resp, Reply):  # read whole; its connection went back to the pool then
-        return
-    if resp.content.at_eof():
-        resp.release()
-    else:
-        resp.close()
 
 
 def _candidates(
@@ -78,7 +66,11 @@ def _candidates(
 
 
 async def _adapter_failed(
-    runtime: RouterRuntime, engine: EngineState, state: RouteState, model: str, resp: Response
+    runtime: RouterRuntime,
+    engine: EngineState,
+    state: RouteState,
+    model: str,
+    resp: EngineResponse,
 ) -> None:
     """Note an adapter that answered 404 or 5xx: drop it from the engine's list, reconcile."""
     try:
@@ -86,7 +78,7 @@ async def _adapter_failed(
     except ENGINE_ERRORS as exc:
         detail = repr(exc).encode()
     finally:
-        done(resp)
+        resp.finish()
     child(ROUTER_REQUESTS, state.name, model, "error").inc()
     log.warning(
         "adapter %s failed on %s (%s %s): falling back", model, engine.url, resp.status, detail
@@ -97,17 +89,18 @@ async def _adapter_failed(
         runtime.reconciler.kick()
 
 
-async def _refused(engine: EngineState, resp: Response) -> bool:
+async def _refused(engine: EngineState, resp: EngineResponse) -> bool:
     """True when the engine's answer says the adapter is not available there (by its kind)."""
     if resp.status in (200, 201):
         return False
-    if resp.status == 404 or resp.status >= 500:
-        return True
+    kind = kind_of(engine.kind)
+    if kind.adapter_refused(resp.status, b""):
+        return True  # the status says it: no body to wait for
     try:
         body = await resp.read()  # an error body, never a stream; kept for _adapter_failed
     except ENGINE_ERRORS:
         return True
-    return adapter_refused(engine.kind, resp.status, body)
+    return kind.adapter_refused(resp.status, body)
 
 
 async def send(
@@ -138,11 +131,8 @@ async def send(
         for model in _candidates(engine, state, assignment, runtime.bases):
             # The engine's kind decides how a model is named (SGLang base:adapter, LoRAX path).
             body.pop("adapter_source", None)
-            body |= upstream_fields(
-                engine.kind,
-                model,
-                base_model=state.base_model,
-                adapter_path=engine.adapter_paths.get(model),
+            body |= kind_of(engine.kind).model_fields(
+                model, base_model=state.base_model, adapter_path=engine.adapter_paths.get(model)
             )
             started = time.perf_counter()
             try:

@@ -31,7 +31,8 @@ import math
 from dataclasses import asdict, dataclass
 from typing import Any
 
-from app.training.methods import Hyperparameters, Method
+from app.datasets.methods import Method
+from app.training.methods import Hyperparameters
 
 # Regenerate pairs below this count never make the cycle a preference run.
 MIN_PAIRS = 8

@@ -7,7 +7,8 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
-from app.training.methods import Hyperparameters, Method
+from app.datasets.methods import Method
+from app.training.methods import Hyperparameters
 
 # Durations: seconds, or ISO 8601 (e.g. "PT1H", "P3D").
 

@@ -11,8 +11,8 @@ from pydantic import ValidationError
 
 from app.core.db import connect, database_url
 from app.core.errors import CftError
+from app.datasets.methods import METHODS
 from app.training import service
-from app.training.methods import METHODS
 from app.training.schemas import TrainingRunCreate
 
 

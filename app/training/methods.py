@@ -1,6 +1,7 @@
-"""The training methods and their hyperparameters, defined once for the API and the trainer.
+"""Each training method's hyperparameters, defined once for the API and the trainer (the
+methods' names are app/datasets/methods.py).
 
-Defaults follow the seed's QLoRA runbook (r=8, alpha=16, q/k/v/o, lr 2e-4, cosine, warmup 3 %,
+Defaults follow a common QLoRA runbook (r=8, alpha=16, q/k/v/o, lr 2e-4, cosine, warmup 3 %,
 batch 1 x grad-accum 16, 3 epochs, max_length 2048), except LoRA dropout: 0 (Unsloth's default;
 PEFT then skips the dropout copy of each adapted layer's input, BENCHMARKS.md "QLoRA against
 Unsloth"). Pure pydantic: the control plane imports it without loading any ML library.
@@ -8,19 +9,17 @@ Unsloth"). Pure pydantic: the control plane imports it without loading any ML li
 Speed settings (packing, padding_free, use_liger_kernel, activation_offloading,
 precompute_ref_log_probs, compile_layers) default to None: the trainer picks them per device and
 method, and fills in an unset batch shape (`workers.trainer.plan.resolve_hyperparameters`; only
-what the caller set is stored on the run, so the worker can tell). BENCHMARKS.md "QLoRA on GPU
-(issue 5)" and "QLoRA against Unsloth" measure the CUDA defaults against the runbook and
+what the caller set is stored on the run, so the worker can tell). BENCHMARKS.md "QLoRA on GPU"
+and "QLoRA against Unsloth" measure the CUDA defaults against the runbook and
 against Unsloth.
 """
 
 from __future__ import annotations
 
-from typing import Any, Literal, get_args
+from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
-Method = Literal["sft", "dpo", "kto", "orpo", "simpo"]
-METHODS: tuple[Method, ...] = get_args(Method)
 _GC_KEYS = {"use_reentrant", "preserve_rng_state"}
 
 

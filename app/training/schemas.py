@@ -9,7 +9,8 @@ from uuid import UUID
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from app.datasets import schemas as dataset_schemas
-from app.training.methods import Hyperparameters, Method
+from app.datasets.methods import Method
+from app.training.methods import Hyperparameters
 
 DeviceKind = Literal["cuda", "cpu"]
 

@@ -21,12 +21,12 @@ from psycopg.rows import dict_row
 from app.core.artefacts import WEIGHTS_FILE, LocalStore
 from app.core.auth import create_key
 from app.core.config import get_settings
+from app.engines.base import Outcome
+from app.engines.vllm import KIND as VLLM
 from tests.support.engines import FakeLoRAX, FakeSGLang, FakeVLLM, write_adapter
 from tests.support.factories import make_adapter, make_route, make_tenant
 from tests.support.servers import serve_app
 from workers.api import create_app
-from workers.reconciler import protocols
-from workers.reconciler.protocols import Outcome
 
 BASE = "smollm2-135m-instruct"
 
@@ -121,30 +121,30 @@ def test_vllm_answers_as_vllm_does_and_the_reconciler_reads_each(tmp_path: Path)
     with httpx.Client(timeout=10) as client:
         fake = FakeVLLM(BASE, max_lora_rank=16)
         with serve_app(fake.app, ready_path="/health") as url:
-            assert protocols.vllm_load(client, url, "a", adapter).outcome is Outcome.DONE
+            assert VLLM.load(client, url, "a", adapter).outcome is Outcome.DONE
             assert fake.requests[-1] == (
                 "/v1/load_lora_adapter",
                 {"lora_name": "a", "lora_path": adapter},
             )
-            again = protocols.vllm_load(client, url, "a", adapter)
+            again = VLLM.load(client, url, "a", adapter)
             assert again.outcome is Outcome.ALREADY and "already been loaded" in again.message
-            refused = protocols.vllm_load(client, url, "big", big)
+            refused = VLLM.load(client, url, "big", big)
             assert refused.outcome is Outcome.REFUSED
             assert "LoRA rank 32 is greater than max_lora_rank 16" in refused.message
-            assert "DoRA" in protocols.vllm_load(client, url, "d", dora).message
-            missing = protocols.vllm_load(client, url, "m", str(tmp_path / "nowhere"))
+            assert "DoRA" in VLLM.load(client, url, "d", dora).message
+            missing = VLLM.load(client, url, "m", str(tmp_path / "nowhere"))
             assert missing.outcome is Outcome.NO_PATH and "No adapter found" in missing.message
-            assert protocols.vllm_unload(client, url, "a").outcome is Outcome.DONE
+            assert VLLM.unload(client, url, "a").outcome is Outcome.DONE
             assert fake.requests[-1] == ("/v1/unload_lora_adapter", {"lora_name": "a"})
-            gone = protocols.vllm_unload(client, url, "a")
+            gone = VLLM.unload(client, url, "a")
             assert gone.outcome is Outcome.ALREADY and "cannot be found" in gone.message
         closed = FakeVLLM(BASE, runtime_lora_updating=False)
         with serve_app(closed.app, ready_path="/health") as url:
-            off = protocols.vllm_load(client, url, "a", adapter)
+            off = VLLM.load(client, url, "a", adapter)
             assert off.outcome is Outcome.NO_API
             assert "VLLM_ALLOW_RUNTIME_LORA_UPDATING=True" in off.message
             # A 404 for the route is not "already unloaded": the adapter is still there.
-            assert protocols.vllm_unload(client, url, "a").outcome is Outcome.NO_API
+            assert VLLM.unload(client, url, "a").outcome is Outcome.NO_API
 
 
 def test_vllm_kind_load_route_refuse_unload(stack: Stack) -> None:

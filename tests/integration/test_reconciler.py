@@ -18,7 +18,7 @@ from app.core.auth import create_key
 from app.core.config import get_settings
 from tests.support.factories import make_adapter, make_route, make_tenant
 from tests.support.lora import make_adapter_dir
-from tests.support.servers import free_port, serve_app
+from tests.support.servers import free_port, metrics_text, serve_app
 from workers import base_model
 from workers.api import create_app
 from workers.engine.core import Engine
@@ -158,7 +158,7 @@ def test_loads_refuses_tampered_falls_back_and_unloads_on_retire(world: World, e
         assert resp.status_code == 200, resp.text
         assert resp.headers["x-cft-adapter"] == prod
         assert resp.headers["x-cft-fallback"] == "not_loaded"
-        metrics = httpx.get(api + "/metrics").text
+        metrics = metrics_text()
         assert 'cft_reconciler_errors_total{reason="sha256"}' in metrics
         assert 'cft_router_fallbacks_total{reason="not_loaded"}' in metrics
         # Retire the canary and the prod (rollback leaves no prod): both leave the engine.
@@ -235,7 +235,7 @@ def test_second_engine_takes_over_when_one_is_down(world: World, engine: str):
             resp = world.call(api, user=user)
             assert resp.status_code == 200, resp.text
             assert resp.headers["x-cft-adapter"] == prod
-        metrics = httpx.get(api + "/metrics").text
+        metrics = metrics_text()
         assert "cft_router_active_adapters" in metrics and "cft_router_decisions_total" in metrics
 
 

@@ -18,8 +18,8 @@ import boto3
 import pytest
 import torch
 
-from app.adapters import engine_compat
 from app.core.artefacts import LocalStore, S3Store, verify
+from app.engines import compat
 from app.training.methods import Hyperparameters
 from tests.support.servers import free_port
 from tests.support.training import examples, make_run, setup_route
@@ -136,8 +136,8 @@ def test_method_trains_to_verified_artefact(  # type: ignore[no-untyped-def]
     assert manifest["set_hash"] == snap["set_hash"]
     assert manifest["files"]["adapter_model.safetensors"]["sha256"] == ad["sha256"]
     assert manifest["hyperparameters"]["rank"] == 8
-    # What vLLM would load (app/adapters/engine_compat.py): the trainer checked it too.
-    assert engine_compat.check(local).ok, engine_compat.check(local).problems
+    # What vLLM would load (app/engines/compat.py): the trainer checked it too.
+    assert compat.check(local).ok, compat.check(local).problems
     config = json.loads((local / "adapter_config.json").read_text())
     assert config["r"] == 8 and set(config["target_modules"]) == {
         "q_proj",

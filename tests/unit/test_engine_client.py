@@ -10,8 +10,9 @@ from typing import Any
 import pytest
 import uvloop
 
-from app.gateway import engines
-from app.gateway.engines import ENGINE_ERRORS, EngineClient, EngineError
+from app.gateway import client as engine_client
+from app.gateway.client import EngineClient, EngineError, EngineResponse, Reply
+from app.gateway.pool import ENGINE_ERRORS
 
 Answer = Callable[[bytes], Awaitable[bytes | None]]  # request bytes -> raw response (None: drop)
 
@@ -151,7 +152,7 @@ def test_idle_connections_expire_before_the_engines_keep_alive(
         server, url, accepted = await serve(answer)
         client = EngineClient(timeout=5)
         await client.post(url, "/a", b"{}")
-        monkeypatch.setattr(engines, "KEEPALIVE_S", 0.0)
+        monkeypatch.setattr(engine_client, "KEEPALIVE_S", 0.0)
         await client.post(url, "/a", b"{}")
         assert len(accepted) == 2
         await stop(client, server)
@@ -170,3 +171,15 @@ def test_only_plain_http_urls_use_the_lean_client() -> None:
         "/v",
         b"[::1]:8001",
     )
+
+
+def test_a_whole_reply_reads_as_any_engine_response() -> None:
+    """The pool's one answer type: a Reply streams its body in one piece, finishes at once."""
+
+    async def test() -> None:
+        reply: EngineResponse = Reply(200, b'data: {"a": 1}\n\n')
+        assert (reply.status, await reply.read()) == (200, b'data: {"a": 1}\n\n')
+        assert [chunk async for chunk in reply.chunks()] == [b'data: {"a": 1}\n\n']
+        reply.finish()
+
+    asyncio.run(test())

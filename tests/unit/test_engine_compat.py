@@ -1,4 +1,4 @@
-"""The engines' adapter contract (app/adapters/engine_compat.py) on synthetic PEFT directories.
+"""The engines' adapter contract (app/engines/compat.py) on synthetic PEFT directories.
 
 The artefacts the trainer really produces (all five methods) are checked where they are made:
 tests/integration/test_training_methods.py.
@@ -11,8 +11,8 @@ from pathlib import Path
 
 import pytest
 
-from app.adapters import engine_compat
-from app.adapters.engine_compat import NotLoadable, check, check_or_raise
+from app.engines import compat
+from app.engines.compat import NotLoadable, check, check_or_raise
 from tests.support.engines import write_adapter
 
 
@@ -109,4 +109,4 @@ def test_rank_in_the_weights_must_match_r(tmp_path: Path) -> None:
     cfg = json.loads((path / "adapter_config.json").read_text()) | {"r": 4}
     (path / "adapter_config.json").write_text(json.dumps(cfg))
     assert any("differs from r=4" in p for p in check(path).problems)
-    assert engine_compat.DEFAULT_MAX_LORA_RANK == 16  # vllm/config/lora.py
+    assert compat.DEFAULT_MAX_LORA_RANK == 16  # vllm/config/lora.py

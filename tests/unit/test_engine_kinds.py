@@ -6,14 +6,15 @@ import pytest
 from pydantic import ValidationError
 
 from app.core.config import Settings
-from app.gateway.engine_kinds import (
-    EngineSpec,
-    adapter_refused,
-    parse_engine_url,
-    parse_engine_urls,
-    upstream_fields,
-)
-from app.gateway.engines import EngineState
+from app.engines.kinds import KINDS, EngineSpec, kind_of, parse_engine_url, parse_engine_urls
+from app.engines.state import EngineState
+
+
+def test_every_kind_has_its_rules() -> None:
+    assert [kind_of(k).name for k in KINDS] == ["vllm", "sglang", "lorax", "local"]
+    assert [k for k in KINDS if not kind_of(k).loads_adapters] == ["lorax"]
+    assert [k for k in KINDS if kind_of(k).vllm_api] == ["vllm", "local"]
+    assert kind_of("lorax").probe_path == "/health" and kind_of("sglang").probe_path == "/v1/models"
 
 
 def test_kinds_are_set_per_url() -> None:
@@ -46,7 +47,7 @@ def test_a_bad_entry_is_a_readable_startup_error(raw: str, expected: str) -> Non
 
 def test_how_each_kind_names_the_adapter() -> None:
     def fields(kind: str, model: str) -> dict[str, str]:
-        return upstream_fields(kind, model, base_model="base", adapter_path="/srv/a/ad-1")
+        return kind_of(kind).model_fields(model, base_model="base", adapter_path="/srv/a/ad-1")
 
     assert fields("vllm", "ad-1") == {"model": "ad-1"} == fields("local", "ad-1")
     assert fields("sglang", "ad-1") == {"model": "base:ad-1"}
@@ -56,6 +57,9 @@ def test_how_each_kind_names_the_adapter() -> None:
 
 
 def test_which_answers_mean_the_adapter_is_not_there() -> None:
+    def adapter_refused(kind: str, status: int, body: bytes) -> bool:
+        return kind_of(kind).adapter_refused(status, body)
+
     assert adapter_refused("vllm", 404, b"") and adapter_refused("lorax", 502, b"")
     assert not adapter_refused("vllm", 400, b"bad temperature")
     assert adapter_refused("sglang", 400, b"The following requested LoRA adapters are not loaded")

@@ -1,4 +1,5 @@
-"""Imports go one way (workers -> app), and the demo simulator stays out of the production path."""
+"""Imports go one way (workers -> app, and between app's packages), and the demo simulator
+stays out of the production path."""
 
 from __future__ import annotations
 
@@ -119,3 +120,58 @@ def test_engine_modules_import_one_way() -> None:
     graph = _sibling_imports(ROOT / "workers" / "engine")
     assert {"core", "scheduler", "model"} <= graph.keys() and "model" in graph["scheduler"]
     assert _cycle(graph) == []
+
+
+def _app_package_imports() -> dict[str, set[str]]:
+    """Each package of app/ (a top-level module counts as one) and the others it imports.
+
+    Every import counts, under `if TYPE_CHECKING:` and inside functions too; a relative import
+    is resolved against the module it is in.
+    """
+    app = ROOT / "app"
+    packages = {p.stem for p in app.glob("*.py")} | {p.parent.name for p in app.glob("*/*.py")}
+    graph: dict[str, set[str]] = {}
+    for path in sorted(app.rglob("*.py")):
+        parts = path.relative_to(ROOT).with_suffix("").parts
+        package = parts[1]
+        here = list(parts[:-1])  # the package a relative import starts from
+        loaded: list[str] = []
+        for node in ast.walk(ast.parse(path.read_text(), str(path))):
+            if isinstance(node, ast.Import):
+                loaded += [a.name for a in node.names]
+            elif isinstance(node, ast.ImportFrom):
+                base = here[: len(here) - node.level + 1] if node.level else []
+                module = ".".join([*base, *([node.module] if node.module else [])])
+                loaded += [module, *(f"{module}.{a.name}" for a in node.names)]
+        graph.setdefault(package, set()).update(
+            name.split(".")[1]
+            for name in loaded
+            if name.startswith("app.") and name.split(".")[1] in packages - {package}
+        )
+    return graph
+
+
+def test_app_packages_import_one_way() -> None:
+    graph = _app_package_imports()
+    # The settings validate engine URLs with the engine kinds; the gateway drives them.
+    assert "engines" in graph["core"] and "engines" in graph["gateway"]
+    assert "datasets" in graph["training"]
+    assert _cycle(graph) == []
+
+
+# What the settings and the engine kinds load: no HTTP runtime (the gateway's aiohttp and
+# httptools, the reconciler's httpx), no web framework, no database driver.
+SETTINGS_PATH = """
+import sys
+import app.core.config, app.engines.compat, app.engines.kinds, app.engines.state
+heavy = ("aiohttp", "httptools", "httpx", "fastapi", "starlette", "psycopg")
+print(sorted(m for m in sys.modules if m.startswith("app.gateway") or m.split(".")[0] in heavy))
+"""
+
+
+def test_settings_and_engine_kinds_load_without_the_gateway_runtime() -> None:
+    proc = subprocess.run(
+        [sys.executable, "-c", SETTINGS_PATH], cwd=ROOT, capture_output=True, text=True, timeout=60
+    )
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    assert proc.stdout.strip().splitlines()[-1] == "[]", proc.stdout

@@ -11,9 +11,6 @@ import signal
 import sys
 from typing import Any
 
-# Engine kinds that speak vLLM's API, which the evaluator drives.
-VLLM_API = frozenset({"vllm", "local"})
-
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
     """The worker's options."""
@@ -38,9 +35,11 @@ def run(args: argparse.Namespace) -> int:
     settings = get_settings()
     # The evaluator speaks vLLM's API (load, generate, unload): it uses the first engine of a kind
     # that does (vllm or the local engine); SGLang and LoRAX entries serve traffic only.
-    from app.gateway.engine_kinds import parse_engine_urls
+    from app.engines.kinds import kind_of, parse_engine_urls
 
-    vllm_api = [s.url for s in parse_engine_urls(settings.engine_url_list) if s.kind in VLLM_API]
+    vllm_api = [
+        s.url for s in parse_engine_urls(settings.engine_url_list) if kind_of(s.kind).vllm_api
+    ]
     if args.calibrate:
         return _calibrate(settings, database_url(settings), args.calibrate, args.worker_id)
     worker = Evaluator(

@@ -12,7 +12,7 @@ import signal
 
 from app.core.config import get_settings
 from app.core.db import database_url
-from app.gateway.engines import EngineState
+from app.engines.state import EngineState
 from workers.reconciler.reconciler import Reconciler
 
 

@@ -2,15 +2,15 @@
 
 One pass, per engine: read its /v1/models; for each desired adapter it lacks (new, or lost in
 an engine restart), fetch the artefact into the serving directory, verify its sha256 against
-the registry (invariant 8: a mismatch is never loaded), and load it with lora_name = the
-adapter id (ids are unique per version, so a name is never reused); then unload the adapters
+the registry (a mismatch is never loaded), and load it with lora_name = the adapter id (ids
+are unique per version, so a name is never reused); then unload the adapters
 this reconciler loaded that are no longer canary or prod (each route's previous prod stays
 loaded, so a rollback needs no load). Loads come before unloads, so a promoted adapter is
 ready before the old one goes. Outcomes go to serve.adapter_deployment (one row per adapter
 and engine), the log and the metrics.
 
-The engine's kind decides the calls (protocols.py): vLLM and the local engine POST
-/v1/load_lora_adapter, SGLang POST /load_lora_adapter. A LoRAX engine gets no load call: it
+The engine's kind decides the calls (app/engines): vLLM and the local engine POST
+/v1/load_lora_adapter, SGLang POST /load_lora_adapter. A kind that loads nothing ahead (LoRAX)
 reads an adapter from the serving directory on its first request, so the reconciler only
 verifies and stages the files there, records the deployment ('loaded' = staged and verified),
 and tells the router which adapters it may name (EngineState.models / adapter_paths).
@@ -19,9 +19,9 @@ Passes run on NOTIFY cft_adapter, when the gateway asks (an engine said 404), an
 `interval` seconds. Between passes the thread blocks in select() on its one kept connection
 (which both LISTENs and runs the passes) and a wake-up socket for kick() and stop(): idle, it
 costs nothing (a 0.1 s poll and a connection per pass cost the API process 10-14 ms of CPU per
-second; BENCHMARKS.md, "Router against LiteLLM (issue 26)"). It runs inside the API process
-(a thread, started with the router runtime: see workers/api.py) or standalone as
-`cft worker reconcile` (workers/reconciler/cli.py).
+second; BENCHMARKS.md, "Router against LiteLLM"). It runs inside the API process (a thread,
+started with the router runtime: see workers/api.py) or standalone as `cft worker reconcile`
+(workers/reconciler/cli.py).
 """
 
 from __future__ import annotations
@@ -45,9 +45,9 @@ from app.core import artefacts
 from app.core.config import Settings, get_settings
 from app.core.db import Connection
 from app.core.metrics import COLD_STARTS, RECONCILER_ERRORS, ROUTER_ACTIVE_ADAPTERS
-from app.gateway.engines import EngineState, model_ids
-from workers.reconciler import protocols
-from workers.reconciler.protocols import Outcome
+from app.engines.base import Outcome
+from app.engines.kinds import kind_of
+from app.engines.state import EngineState, model_ids
 
 log = logging.getLogger("cft.reconciler")
 
@@ -155,15 +155,16 @@ class Reconciler:
     def _reconcile_engine(
         self, conn: Connection, engine: EngineState, desired: dict[str, Desired], rep: PassReport
     ) -> None:
-        if engine.kind == "lorax":
+        kind = kind_of(engine.kind)
+        if not kind.loads_adapters:
             self._reconcile_staged(conn, engine, desired, rep)
             return
         try:
-            resp = self.client.get(engine.url + "/v1/models", timeout=5.0)
+            resp = self.client.get(engine.url + kind.probe_path, timeout=5.0)
             resp.raise_for_status()
         except httpx.HTTPError as exc:
             RECONCILER_ERRORS.labels("engine_down").inc()
-            log.warning("engine %s does not answer /v1/models: %s", engine.url, exc)
+            log.warning("engine %s does not answer %s: %s", engine.url, kind.probe_path, exc)
             engine.mark_down()
             rep.engines_down.append(engine.url)
             return
@@ -208,7 +209,7 @@ class Reconciler:
         except artefacts.ArtefactError as exc:
             return self._refuse(conn, engine, adapter, rep, "fetch", str(exc))
         try:
-            answer = protocols.load(self.client, engine.kind, engine.url, adapter.id, str(path))
+            answer = kind_of(engine.kind).load(self.client, engine.url, adapter.id, str(path))
         except httpx.HTTPError as exc:
             RECONCILER_ERRORS.labels("load").inc()
             engine.mark_down()
@@ -263,7 +264,7 @@ class Reconciler:
 
     def _unload(self, engine: EngineState, adapter_id: str) -> bool:
         try:
-            answer = protocols.unload(self.client, engine.kind, engine.url, adapter_id)
+            answer = kind_of(engine.kind).unload(self.client, engine.url, adapter_id)
         except httpx.HTTPError as exc:
             RECONCILER_ERRORS.labels("unload").inc()
             log.warning("unloading %s from %s failed: %s", adapter_id, engine.url, exc)
@@ -278,12 +279,14 @@ class Reconciler:
     def _reconcile_staged(
         self, conn: Connection, engine: EngineState, desired: dict[str, Desired], rep: PassReport
     ) -> None:
-        """A LoRAX engine: stage verified artefacts where it reads them; no engine call."""
+        """An engine that loads on first use (LoRAX): stage verified artefacts where it reads
+        them; no engine call but its probe."""
+        path = kind_of(engine.kind).probe_path
         try:
-            self.client.get(engine.url + "/health", timeout=5.0).raise_for_status()
+            self.client.get(engine.url + path, timeout=5.0).raise_for_status()
         except httpx.HTTPError as exc:
             RECONCILER_ERRORS.labels("engine_down").inc()
-            log.warning("engine %s does not answer /health: %s", engine.url, exc)
+            log.warning("engine %s does not answer %s: %s", engine.url, path, exc)
             engine.mark_down()
             rep.engines_down.append(engine.url)
             return

@@ -19,7 +19,8 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from app.training.methods import METHODS, Hyperparameters
+from app.datasets.methods import METHODS
+from app.training.methods import Hyperparameters
 from workers.trainer.base_cache import BASES, BaseCache, LoadedBase
 from workers.trainer.data import TrainingDataError, check_rows, read_jsonl
 from workers.trainer.manifest import write_manifest

@@ -32,11 +32,11 @@ import psycopg
 from psycopg.rows import dict_row
 from psycopg.types.json import Jsonb
 
-from app.adapters import engine_compat
 from app.adapters import service as adapters
 from app.core.artefacts import ArtefactError, ArtefactExists, LocalStore, S3Store, describe
 from app.core.config import get_settings
 from app.core.errors import NotFound
+from app.engines import compat
 from app.training.methods import Hyperparameters
 from workers.trainer.base_cache import BaseCache
 from workers.trainer.data import TrainingDataError
@@ -344,7 +344,7 @@ class Worker:
             raise TrainingCancelled("cancel requested")
         name = adapter_name(run["route"], run_id, int(run["attempts"]))
         # Never register what the engines would refuse (NotLoadable: a ValueError, not retried).
-        engine_compat.check_or_raise(out, max_lora_rank=get_settings().engine_max_lora_rank)
+        compat.check_or_raise(out, max_lora_rank=get_settings().engine_max_lora_rank)
         sha, _ = describe(out)
         if sha != result.manifest["files"]["adapter_model.safetensors"]["sha256"]:
             raise ArtefactError("adapter weights changed between training and upload")

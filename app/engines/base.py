@@ -1,0 +1,84 @@
+"""What cft asks of an engine kind, and what an engine's answer to a load or unload means."""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, ClassVar, Literal
+
+if TYPE_CHECKING:  # the reconciler passes its client; nothing here needs httpx at import
+    import httpx
+
+EngineKind = Literal["vllm", "sglang", "lorax", "local"]
+
+
+class Outcome(enum.Enum):
+    """What an engine's answer to a load or unload means for the reconciler."""
+
+    DONE = "done"  # loaded / unloaded now
+    ALREADY = "already"  # loaded before under this name / already gone
+    NO_PATH = "no_path"  # the engine cannot read the adapter's directory
+    NO_API = "no_api"  # the engine has no load/unload routes (a setting is missing)
+    REFUSED = "refused"  # the engine refused this adapter or request
+    FAILED = "failed"  # the engine failed (5xx): try again later
+
+
+@dataclass(frozen=True)
+class Answer:
+    """An Outcome and the readable reason (the engine's own message where it gave one)."""
+
+    outcome: Outcome
+    message: str = ""
+
+
+def json_object(resp: httpx.Response) -> dict[str, Any]:
+    """The response's body as a JSON object ({} when it is not one)."""
+    try:
+        body = resp.json()
+    except ValueError:
+        return {}
+    return body if isinstance(body, dict) else {}
+
+
+def failed_or_refused(status: int, message: str) -> Answer:
+    """An error answer that is not one the kind reads otherwise: 5xx failed, else refused."""
+    outcome = Outcome.FAILED if status >= 500 else Outcome.REFUSED
+    return Answer(outcome, f"engine answered {status}: {message}")
+
+
+class Kind:
+    """How cft drives one kind of engine (one instance per kind, in app/engines/kinds.py)."""
+
+    name: ClassVar[EngineKind]
+    # False: the reconciler only verifies and stages an adapter's files, and the engine reads
+    # them on a call's first use (no load or unload call).
+    loads_adapters: ClassVar[bool] = True
+    # False: the engine has no /v1/models; it is probed on /health, and what it may be asked
+    # for is what the reconciler staged.
+    lists_models: ClassVar[bool] = True
+    # True: the engine speaks vLLM's load/generate/unload API (the evaluator drives it).
+    vllm_api: ClassVar[bool] = False
+
+    @property
+    def probe_path(self) -> str:
+        """The GET that tells whether the engine is up (and, listing kinds, what it serves)."""
+        return "/v1/models" if self.lists_models else "/health"
+
+    def model_fields(
+        self, model: str, *, base_model: str, adapter_path: str | None
+    ) -> dict[str, str]:
+        """The body fields that select `model` (an adapter id, or the route's base model)."""
+        return {"model": model}
+
+    def adapter_refused(self, status: int, body: bytes) -> bool:
+        """True when an answer to a call for an adapter means "that adapter is not available
+        here" (drop it from the engine's list, fall back), not a bad request."""
+        return status == 404 or status >= 500
+
+    def load(self, client: httpx.Client, url: str, name: str, path: str) -> Answer:
+        """Load the adapter in directory `path` under `name`, and say what the answer means."""
+        raise NotImplementedError(f"{self.name} engines load adapters on first use")
+
+    def unload(self, client: httpx.Client, url: str, name: str) -> Answer:
+        """Unload the adapter loaded under `name`, and say what the answer means."""
+        raise NotImplementedError(f"{self.name} engines load adapters on first use")
