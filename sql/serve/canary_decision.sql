@@ -40,7 +40,9 @@ COMMENT ON FUNCTION serve.experiment_policy_of(text) IS
 -- the canary is significantly worse than its margin (the always-valid interval's bound past the
 -- margin: each side errs with probability <= alpha under continuous monitoring), and holds when
 -- it is significantly within it. Rates (regen, thumbs_down, error): margin absolute, lower is
--- better; tokens_out: margin a share of the control's mean, either way; ttft_p95: the canary's
+-- better; tokens_out: margin a share of the control's mean, longer only (a run-away or verbose
+-- adapter costs tokens and time; a shorter answer may be what users asked for, e.g. a length
+-- limit, and the primary metric judges it); ttft_p95: the canary's
 -- share of rows above control p95 x (1 + margin) significantly above 5 %. NULL margin = off.
 CREATE OR REPLACE FUNCTION serve.guard_verdicts(p_cmp jsonb, p_policy serve.experiment_policy)
 RETURNS jsonb LANGUAGE sql STABLE AS $$
@@ -62,10 +64,8 @@ RETURNS jsonb LANGUAGE sql STABLE AS $$
      WHERE g.margin IS NOT NULL
   ), w AS (
     SELECT v.*,
-           coalesce(CASE WHEN v.guard = 'tokens_out' THEN v.lo > v.bound OR v.hi < -v.bound
-                         ELSE v.lo > v.bound END, false) AS tripped,
-           coalesce(CASE WHEN v.guard = 'tokens_out' THEN v.lo > -v.bound AND v.hi < v.bound
-                         ELSE v.hi < v.bound END, false) AS holds
+           coalesce(v.lo > v.bound, false) AS tripped,
+           coalesce(v.hi < v.bound, false) AS holds
       FROM v
   )
   SELECT jsonb_build_object(
@@ -95,7 +95,7 @@ LANGUAGE sql IMMUTABLE AS $$
            CASE WHEN t.name = 'ttft_p95'
                 THEN format('5 %% of rows above %s ms (prod p95 + %s %%)',
                             round((v->>'threshold')::numeric, 1), (v->>'margin')::float8 * 100)
-                WHEN t.name = 'tokens_out' THEN format('±%s (%s %% of prod)',
+                WHEN t.name = 'tokens_out' THEN format('+%s (%s %% of prod)',
                             round((v->>'bound')::numeric, 2), (v->>'margin')::float8 * 100)
                 ELSE format('margin %s', v->>'margin') END), '; ' ORDER BY t.ord)
     FROM jsonb_array_elements_text(p_verdicts->'tripped') WITH ORDINALITY t(name, ord)

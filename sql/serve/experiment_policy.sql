@@ -40,8 +40,8 @@ COMMENT ON COLUMN serve.experiment_policy.guard_error_margin IS
   'Guard: share of rows with status error or partial may rise by at most this (default 1 point; '
   'NULL = off).';
 COMMENT ON COLUMN serve.experiment_policy.guard_tokens_out_margin IS
-  'Guard: mean answer length (tokens_out) may change by at most this share of prod''s, either '
-  'way (default 25 %; NULL = off).';
+  'Guard: mean answer length (tokens_out) may grow by at most this share of prod''s (default '
+  '25 %; NULL = off); shorter answers trip nothing (a length limit may be what users want).';
 COMMENT ON COLUMN serve.experiment_policy.watch_window IS
   'After a promotion, serve.watch_decision compares the new prod with the prod it replaced on '
   'the guards for this long (the previous prod''s baseline: the same length before promotion).';

@@ -198,9 +198,16 @@ def test_error_and_answer_length_guards(conn: Any) -> None:
         (w["canary"],),
     )
     [c] = conn.execute("SELECT * FROM serve.canary_decision(%s)", (w["route"],)).fetchall()
-    assert c["code"] == "guard_tokens_out"
+    assert c["code"] == "guard_tokens_out" and "+" in c["reason"]
+    # Shorter answers break no guard (a length limit may be what users want): one-sided.
     conn.execute(
-        "UPDATE obs.inference_log SET tokens_out = tokens_out / 2 WHERE adapter_id = %s",
+        "UPDATE obs.inference_log SET tokens_out = tokens_out / 4 WHERE adapter_id = %s",
+        (w["canary"],),
+    )
+    [c] = conn.execute("SELECT * FROM serve.canary_decision(%s)", (w["route"],)).fetchall()
+    assert "tokens_out" not in c["numbers"]["guards"]["tripped"], c["reason"]
+    conn.execute(
+        "UPDATE obs.inference_log SET tokens_out = tokens_out * 2 WHERE adapter_id = %s",
         (w["canary"],),
     )
     conn.execute(
