@@ -101,7 +101,7 @@ def free_port() -> int:
 class Platform:
     """`cft run --no-demo --serve` in a fresh CFT_HOME: every service, no demo."""
 
-    def __init__(self, home: Path, models: Path | None):
+    def __init__(self, home: Path, models: Path | None, env_extra: dict[str, str]):
         self.home = home
         home.mkdir(parents=True, exist_ok=True)
         if models and models.exists() and not (home / "models").exists():
@@ -111,7 +111,7 @@ class Platform:
         self.log = home / "cft-run.log"
         env = {k: v for k, v in os.environ.items() if not k.startswith("CFT_")}
         env |= {"CFT_HOME": str(home), "CFT_PORT": str(self.port), "CFT_HOST": "127.0.0.1",
-                "PYTHONPATH": str(ROOT)}  # fmt: skip
+                "PYTHONPATH": str(ROOT)} | env_extra  # fmt: skip
         self.proc = subprocess.Popen(
             [sys.executable, "-m", "workers.cli", "run", "--no-demo", "--serve"],
             cwd=ROOT, env=env, stdin=subprocess.DEVNULL, stdout=self.log.open("w"),
@@ -140,9 +140,10 @@ class Platform:
 
     def stop(self) -> None:
         if self.proc.poll() is None:
-            os.killpg(self.proc.pid, signal.SIGINT)  # cft run stops its services on Ctrl-C
+            # cft run stops its services on SIGTERM (SIGINT may be ignored in a background job)
+            self.proc.terminate()
             try:
-                self.proc.wait(timeout=120)
+                self.proc.wait(timeout=180)
             except subprocess.TimeoutExpired:
                 os.killpg(self.proc.pid, signal.SIGKILL)
 
@@ -329,7 +330,8 @@ def write(args: argparse.Namespace, rows: list[dict[str, Any]], meta: dict[str, 
             "",
             f"`{meta['command']}` on {meta['machine']}, {meta['started']} UTC.",
             "",
-            "One platform (`cft run --no-demo --serve`), one route per product, products one"
+            "One platform (`cft run --no-demo --serve`, environment"
+            f" `{json.dumps(meta['platform_env'])}`), one route per product, products one"
             " after another. Each product's one loop PUT: " + meta["policy_note"],
             "",
             table(rows),
@@ -353,6 +355,15 @@ def main() -> int:
     parser.add_argument("--canary-max-users", type=int, default=400)
     parser.add_argument("--home", type=Path, default=None, help="CFT_HOME (a fresh one)")
     parser.add_argument("--models", type=Path, default=ROOT / ".cft" / "models")
+    parser.add_argument(
+        "--threads", type=int, default=1,
+        help="OMP/MKL threads per platform process (0: torch's default). On a shared 2-core"
+        " machine one thread is ~4x faster than two: no spinning on an oversubscribed CPU",
+    )  # fmt: skip
+    parser.add_argument(
+        "--engine-timeout", type=float, default=300.0,
+        help="CFT_ENGINE_TIMEOUT: the router's wait for the engine (default 120 s)",
+    )  # fmt: skip
     parser.add_argument("--report-json", type=Path, default=None)
     parser.add_argument("--markdown", type=Path, default=None)
     args = parser.parse_args()
@@ -364,19 +375,29 @@ def main() -> int:
     if str(home.resolve()).startswith("/tmp/pytest-of-"):
         parser.error("keep CFT_HOME out of /tmp/pytest-of-* (pytest sessions delete it)")
     policy = config(names[0], args).policy
+    env_extra = {"CFT_ENGINE_TIMEOUT": f"{args.engine_timeout:g}"}
+    if args.threads:
+        env_extra |= {"OMP_NUM_THREADS": str(args.threads), "MKL_NUM_THREADS": str(args.threads)}
     meta = {
         "command": "bench/loop_products.py " + " ".join(sys.argv[1:]),
         "machine": f"{platform.machine()}, {os.cpu_count()} CPUs, load {os.getloadavg()[0]:.1f}",
         "started": time.strftime("%Y-%m-%d %H:%M", time.gmtime()),
         "home": str(home),
         "policy": policy,
+        "platform_env": env_extra,
         "policy_note": f"`{json.dumps(policy)}`, with the demo tenant's release key"
         " (decision_min_n, watch_window and watch_min_n are decision fields only a release key"
         " may loosen); no method, no hyperparameters.",
     }
     say(f"[bench] products: {', '.join(names)}; CFT_HOME {home}; budget {args.budget:.0f} s each")
     say(f"[bench] each product's loop PUT (release key): {json.dumps(policy)}")
-    plat = Platform(home, args.models)
+    say(f"[bench] platform environment: {env_extra}")
+
+    def _stop(signum: int, _frame: Any) -> None:
+        raise KeyboardInterrupt
+
+    signal.signal(signal.SIGTERM, _stop)
+    plat = Platform(home, args.models, env_extra)
     rows: list[dict[str, Any]] = []
     try:
         say("[bench] starting the platform: cft run --no-demo --serve (log: "
@@ -392,10 +413,10 @@ def main() -> int:
             def probe(traffic: Traffic, held: list[Any], cfg: DemoConfig = cfg) -> None:
                 users = [(f"probe-{i:04d}", held[i % len(held)])
                          for i in range(cfg.held_out_users)]  # fmt: skip
-                say(f"\n== probe: {len(users)} new users ask held-out questions of the base"
-                    " (no feedback)")  # fmt: skip
+                tagged(cfg.route, f"\n== probe: {len(users)} new users ask held-out questions"
+                       " of the base (no feedback)")  # fmt: skip
                 ok = traffic.probe(users, "probe", cfg.concurrency)
-                say(f"  base held-out acceptance: {ok}/{len(users)} follow the rule")
+                tagged(cfg.route, f"  base held-out acceptance: {ok}/{len(users)} follow the rule")
 
             t0 = time.time()
             try:
