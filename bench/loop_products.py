@@ -247,6 +247,10 @@ def product_text(s: dict[str, Any]) -> str:
     lines = [f"## {s['product']} ({s['mix']}; rule: {s['rule']}; suite: {s['suite'] or 'none'})"]
     lines.append(f"- cycle: {s['state']}" + (f" (bench stopped: {s['stopped']})" if s["stopped"]
                                                 else "") + f", {s['seconds']:.0f} s")  # fmt: skip
+    durations = (s.get("report") or {}).get("durations") or []
+    if durations:
+        lines.append("- time per state: " + ", ".join(
+            f"{d['state']} {d['seconds']:.0f} s" for d in durations))  # fmt: skip
     lines.append(f"- method: {s['method']}: {s['method_reason']}")
     lines += [f"- {x}" for x in settings_lines(s)]
     lines.append(f"- decision: {s['decision']} ({s['decision_code']}): {s['decision_reason']}")
@@ -365,8 +369,18 @@ def main() -> int:
         help="CFT_ENGINE_TIMEOUT: the router's wait for the engine (default 120 s)",
     )  # fmt: skip
     parser.add_argument("--report-json", type=Path, default=None)
+    parser.add_argument(
+        "--render", type=Path, default=None,
+        help="only write --markdown again from this JSON report (no run)",
+    )  # fmt: skip
     parser.add_argument("--markdown", type=Path, default=None)
     args = parser.parse_args()
+    if args.render:
+        data = json.loads(args.render.read_text())
+        write(argparse.Namespace(report_json=None, markdown=args.markdown), data["products"],
+              data["meta"])  # fmt: skip
+        say(table(data["products"]))
+        return 0
     names = [n.strip() for n in args.products.split(",") if n.strip()]
     for n in names:
         if n not in PRODUCTS:
