@@ -9,10 +9,15 @@ traffic, a trickle while the CPU trains) and to narrate, the demo reads `loop.cy
 read-only SQL session, as a dashboard would; the report reads what happened from SQL too
 (app/demo/report.py). Every HTTP path the demo calls is recorded (Client.calls), so a test can
 check it drove nothing but users.
+
+The product is the support product of app/demo/product.py by default; any object with the
+interface of `SimProduct` (question pools, the chat a user sends, the hidden rule, the answer an
+editing user writes, a feedback mix) can be driven the same way (bench/loop_products.py).
 """
 
 from __future__ import annotations
 
+import json
 import random
 import re
 import threading
@@ -21,17 +26,41 @@ from collections import Counter
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Protocol
 
 import httpx
 import openai
 
 from app.core.db import Connection, connect
-from app.demo.product import STYLE_REGEX, Question, UserBehaviour, follows_style, questions
+from app.demo.product import STYLE_REGEX, SupportProduct
 
 Say = Callable[[str], None]
 TERMINAL = ("promoted", "rejected", "rolled_back", "failed")
 QUIET_STATES = ("triggered", "snapshot", "training", "evaluating", "canary")
+
+
+class FeedbackMix(Protocol):
+    """How a product's unhappy users react (app/demo/product.py `UserBehaviour`)."""
+
+    @property
+    def p_edit(self) -> float: ...  # an unhappy user edits the answer (else rates it down)
+    @property
+    def p_regenerate(self) -> float: ...  # of those who rate it down: press regenerate
+    @property
+    def p_up(self) -> float: ...  # a liked answer is rated up (else left unrated)
+
+
+class SimProduct(Protocol):
+    """A simulated product the demo can drive (its questions are opaque to the demo)."""
+
+    @property
+    def name(self) -> str: ...
+    @property
+    def mix(self) -> FeedbackMix: ...
+    def split(self, seed: int = 7) -> tuple[list[Any], list[Any]]: ...  # (train, held out)
+    def messages(self, q: Any) -> list[dict[str, str]]: ...  # the chat a user sends
+    def follows(self, answer: str) -> bool: ...  # the hidden rule: the user likes the answer
+    def wanted(self, q: Any) -> str: ...  # what a user writes when they edit an answer
 
 
 # The demo's loop policy (docs/demo.md says why each value differs from the default):
@@ -69,6 +98,9 @@ class DemoConfig:
     concurrency: int = 8
     seed: int = 1
     suite_cases: int = 30
+    # The route's task suite on held-out questions: (check kind, expected), or None for none.
+    suite: tuple[str, Any] | None = ("regex", STYLE_REGEX)
+    suite_name: str = "house-style"
     budget_s: float = 1500.0  # the demo stops sending users after this long
     policy: dict[str, Any] = field(default_factory=demo_policy)
 
@@ -131,47 +163,73 @@ class Client:
 
 
 class Traffic:
-    """Simulated users talking to the route and giving feedback."""
+    """Simulated users talking to the route and giving feedback.
 
-    def __init__(self, c: Client, cfg: DemoConfig, say: Say):
+    `accepted[kind][adapter]` counts, per phase and per adapter that served it (X-Cft-Adapter),
+    users' first answers and how many of them followed the product's rule: [followed, answers].
+    """
+
+    def __init__(self, c: Client, cfg: DemoConfig, say: Say, product: SimProduct | None = None):
         self.c, self.cfg, self.say = c, cfg, say
-        self.behaviour = UserBehaviour()
+        self.product: SimProduct = product or SupportProduct()
+        self.behaviour = self.product.mix
+        self.accepted: dict[str, dict[str, list[int]]] = {}
+        self._lock = threading.Lock()
 
-    def _chat(self, user: str, q: Question) -> tuple[str, str]:
+    def _chat(self, user: str, q: Any, kind: str = "") -> tuple[str, str]:
         raw = self.c.openai.chat.completions.with_raw_response.create(
             model=self.cfg.route,
-            messages=q.messages,  # type: ignore[arg-type]
+            messages=self.product.messages(q),  # type: ignore[arg-type]
             max_tokens=self.cfg.max_tokens,
             temperature=self.cfg.temperature,
             user=user,
         )
-        return raw.headers["x-request-id"], raw.parse().choices[0].message.content or ""
+        text = raw.parse().choices[0].message.content or ""
+        if kind:
+            adapter = raw.headers.get("x-cft-adapter", "?")
+            with self._lock:
+                tally = self.accepted.setdefault(kind, {}).setdefault(adapter, [0, 0])
+                tally[0] += self.product.follows(text)
+                tally[1] += 1
+        return raw.headers["x-request-id"], text
 
     def _feedback(self, rid: str, body: dict[str, Any]) -> None:
         self.c.call("client", "POST", f"/v1/logs/{rid}/feedback", json=body)
 
-    def one_user(self, user: str, q: Question, rng: random.Random) -> bool:
+    def one_user(self, user: str, q: Any, rng: random.Random, kind: str = "") -> bool:
         """A user asks once and reacts (thumbs up; or edit; or thumbs down, maybe regenerate)."""
-        rid, text = self._chat(user, q)
-        if follows_style(text):
-            self._feedback(rid, {"thumbs": 1})
+        p, mix = self.product, self.behaviour
+        rid, text = self._chat(user, q, kind)
+        if p.follows(text):
+            if mix.p_up >= 1.0 or rng.random() < mix.p_up:
+                self._feedback(rid, {"thumbs": 1})
             return True
-        if rng.random() < self.behaviour.p_edit:
-            self._feedback(rid, {"edited_completion": q.wanted_answer()})
+        if rng.random() < mix.p_edit:
+            self._feedback(rid, {"edited_completion": p.wanted(q)})
             return False
         self._feedback(rid, {"thumbs": -1})
-        if rng.random() < self.behaviour.p_regenerate:
+        if rng.random() < mix.p_regenerate:
             rid2, text2 = self._chat(user, q)
             self._feedback(rid, {"regenerated": True, "regenerated_by": rid2})
-            self._feedback(rid2, {"thumbs": 1 if follows_style(text2) else -1})
+            self._feedback(rid2, {"thumbs": 1 if p.follows(text2) else -1})
         return False
 
-    def run(self, users: list[tuple[str, Question]], seed: int, concurrency: int) -> int:
+    def probe(self, users: list[tuple[str, Any]], kind: str, concurrency: int) -> int:
+        """Users ask once and give no feedback (a measurement: nothing the loop can learn
+        from); returns how many answers followed the rule (tallied in `accepted[kind]`)."""
+        pool = ThreadPoolExecutor(concurrency)
+        try:
+            texts = pool.map(lambda u: self._chat(u[0], u[1], kind)[1], users)
+            return sum(self.product.follows(t) for t in texts)
+        finally:
+            pool.shutdown(wait=False, cancel_futures=True)
+
+    def run(self, users: list[tuple[str, Any]], seed: int, concurrency: int, kind: str = "") -> int:
         """Let users talk concurrently (the engine batches them); returns how many liked it."""
 
         def work(i: int) -> bool:
             user, q = users[i]
-            return self.one_user(user, q, random.Random(seed * 100_003 + i))
+            return self.one_user(user, q, random.Random(seed * 100_003 + i), kind)
 
         pool = ThreadPoolExecutor(concurrency)
         try:
@@ -210,8 +268,8 @@ class CycleView:
         self.conn.close()
 
 
-def _setup(c: Client, cfg: DemoConfig, held_qs: list[Question], say: Say) -> None:
-    """The product's setup: its route, its house-style eval suite, the loop turned on."""
+def _setup(c: Client, cfg: DemoConfig, p: SimProduct, held_qs: list[Any], say: Say) -> None:
+    """The product's setup: its route, its eval suite (if any), the loop turned on."""
     try:
         c.call(
             "trainer", "POST", "/v1/routes", json={"name": cfg.route, "experiment": cfg.experiment}
@@ -221,19 +279,24 @@ def _setup(c: Client, cfg: DemoConfig, held_qs: list[Question], say: Say) -> Non
         if "-> 409" not in str(exc):
             raise
         say(f"  route {cfg.route} exists: resuming")
-    cases = [
-        {"messages": q.messages, "check": "regex", "expected": STYLE_REGEX,
-         "max_tokens": cfg.max_tokens}
-        for q in held_qs[: cfg.suite_cases]
-    ]  # fmt: skip
-    suite = {"id": f"{cfg.route}-house-style", "name": "house-style", "route": cfg.route,
-             "cases": cases}  # fmt: skip
-    try:
-        c.call("trainer", "POST", "/v1/eval-suites", json=suite)
-        say(f"  eval suite house-style: {len(cases)} held-out questions, check /{STYLE_REGEX}/")
-    except DemoError as exc:
-        if "-> 409" not in str(exc):
-            raise
+    if cfg.suite is not None:
+        kind, expected = cfg.suite
+        cases = [
+            {"messages": p.messages(q), "check": kind, "expected": expected,
+             "max_tokens": cfg.max_tokens}
+            for q in held_qs[: cfg.suite_cases]
+        ]  # fmt: skip
+        suite = {"id": f"{cfg.route}-{cfg.suite_name}", "name": cfg.suite_name,
+                 "route": cfg.route, "cases": cases}  # fmt: skip
+        shown = f"/{expected}/" if kind == "regex" else f"{kind} {expected}"
+        try:
+            c.call("trainer", "POST", "/v1/eval-suites", json=suite)
+            say(f"  eval suite {cfg.suite_name}: {len(cases)} held-out questions, check {shown}")
+        except DemoError as exc:
+            if "-> 409" not in str(exc):
+                raise
+    else:
+        say("  no eval suite: the loop checks candidates on its snapshots' held-out answers")
     c.call("release", "PUT", f"/v1/routes/{cfg.route}/loop", json=cfg.policy)
     say(f"  loop enabled: PUT /v1/routes/{cfg.route}/loop {cfg.policy}")
     say("  from here on the demo only sends users; the platform runs the loop")
@@ -248,7 +311,11 @@ class DemoRun:
     phases: dict[str, float] = field(default_factory=dict)
     users: dict[str, int] = field(default_factory=dict)
     liked: dict[str, int] = field(default_factory=dict)
-    held_out_prompts: list[str] = field(default_factory=list)
+    held_out_prompts: list[str] = field(default_factory=list)  # the questions' last turn
+    held_out_chats: list[str] = field(default_factory=list)  # the whole chats, as JSON
+    # Per phase, per adapter that served it: users' first answers that followed the rule, and
+    # all of them ([followed, answers]; Traffic.accepted).
+    accepted: dict[str, dict[str, list[int]]] = field(default_factory=dict)
     calls: dict[str, int] = field(default_factory=dict)
     final_state: str | None = None
     stopped: str | None = None
@@ -262,17 +329,34 @@ PHASE_TITLES = {
 }
 
 
-def run_demo(api: str, db_url: str, keys: Keys, cfg: DemoConfig, say: Say = print) -> DemoRun:
-    """Set up, enable the loop, then send users phase by phase until the cycle ends."""
+def run_demo(
+    api: str,
+    db_url: str,
+    keys: Keys,
+    cfg: DemoConfig,
+    say: Say = print,
+    product: SimProduct | None = None,
+    *,
+    before: Callable[[Traffic, list[Any]], None] | None = None,
+) -> DemoRun:
+    """Set up, enable the loop, then send users phase by phase until the cycle ends.
+
+    product: the support product by default. before(traffic, held-out questions): called after
+    the setup and before the first user (a benchmark measures the base there)."""
+    p: SimProduct = product or SupportProduct()
     c = Client(api, keys)
     view = CycleView(db_url, cfg.route)
-    traffic = Traffic(c, cfg, say)
-    train_qs, held_qs = questions()
+    traffic = Traffic(c, cfg, say, p)
+    train_qs, held_qs = p.split()
     run = DemoRun(route=cfg.route, started_at=time.time())
-    run.held_out_prompts = [q.messages[0]["content"] for q in held_qs]
+    run.held_out_prompts = [p.messages(q)[-1]["content"] for q in held_qs]
+    run.held_out_chats = [json.dumps(p.messages(q)) for q in held_qs]
     deadline = run.started_at + cfg.budget_s
-    say("\n== setup: route, house-style eval suite, the loop on")
-    _setup(c, cfg, held_qs, say)
+    suite = f"{cfg.suite_name} eval suite" if cfg.suite is not None else "no eval suite"
+    say(f"\n== setup: route, {suite}, the loop on")
+    _setup(c, cfg, p, held_qs, say)
+    if before is not None:
+        before(traffic, held_qs)
 
     phase, phase_at, seen, n_train, n_held, rnd = "", time.time(), (None, None), 0, 0, 0
     try:
@@ -314,8 +398,9 @@ def run_demo(api: str, db_url: str, keys: Keys, cfg: DemoConfig, say: Say = prin
                          for i in range(n)]  # fmt: skip
                 n_train += n
             liked = traffic.run(
-                users, cfg.seed + rnd, cfg.concurrency if kind != "quiet" else cfg.quiet_users
-            )
+                users, cfg.seed + rnd, cfg.concurrency if kind != "quiet" else cfg.quiet_users,
+                kind,
+            )  # fmt: skip
             run.users[kind] = run.users.get(kind, 0) + len(users)
             run.liked[kind] = run.liked.get(kind, 0) + liked
             if kind != "quiet":
@@ -331,4 +416,5 @@ def run_demo(api: str, db_url: str, keys: Keys, cfg: DemoConfig, say: Say = prin
     finally:
         view.close()
         run.calls = dict(sorted(c.calls.items()))
+        run.accepted = traffic.accepted
     return run

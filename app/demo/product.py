@@ -66,3 +66,31 @@ class UserBehaviour:
 
     p_edit: float = 0.6  # edit the answer (and do not rate it)
     p_regenerate: float = 0.5  # of those who rate it down: press regenerate
+    p_up: float = 1.0  # a liked answer is rated up (else left unrated)
+
+
+@dataclass(frozen=True)
+class SupportProduct:
+    """The support product with the interface the demo drives any simulated product through
+    (app/demo/loop.py `SimProduct`; bench/products.py's products have it too)."""
+
+    name: str = "support"
+    rule: str = f"opens with {GREETING!r}"
+    max_tokens: int = 12
+    mix: UserBehaviour = UserBehaviour()
+
+    def split(self, seed: int = 7) -> tuple[list[Question], list[Question]]:
+        """The questions, split into (training traffic, held out)."""
+        return questions(seed)
+
+    def messages(self, q: Question) -> list[dict[str, str]]:
+        """The chat a user sends."""
+        return q.messages
+
+    def follows(self, answer: str) -> bool:
+        """The hidden preference (the house greeting)."""
+        return follows_style(answer)
+
+    def wanted(self, q: Question) -> str:
+        """What a user writes when they edit an answer."""
+        return q.wanted_answer()

@@ -46,7 +46,8 @@ def _flatten(scores: Any) -> dict[str, float]:
 
 def _live(conn: Connection, cyc: dict[str, Any], held: list[str]) -> dict[str, Any]:
     """Thumbs-up rates of rated rows: the base while it served alone, each canary arm, and the
-    promoted adapter on held-out questions asked after its promotion."""
+    promoted adapter on held-out questions (held: their whole chats, as JSON) asked after its
+    promotion."""
     route, adapter = cyc["route"], cyc["adapter_id"]
     rated = (
         "count(*) FILTER (WHERE fb_explicit <> 0) AS n,"
@@ -73,20 +74,20 @@ def _live(conn: Connection, cyc: dict[str, Any], held: list[str]) -> dict[str, A
         return out
     after = conn.execute(
         f"SELECT {rated}, count(DISTINCT user_hash) AS users,"
-        " count(DISTINCT messages->0->>'content') AS questions FROM obs.inference_log"
+        " count(DISTINCT messages) AS questions FROM obs.inference_log"
         " WHERE route = %s AND adapter_id = %s AND created_at >= %s"
-        " AND messages->0->>'content' = ANY(%s)",
+        " AND messages = ANY(%s::jsonb[])",
         (route, adapter, cyc["promoted_at"], held),
     ).fetchone()
     # Held out: neither the question nor the user is in any source row of the snapshot.
     seen = conn.execute(
-        "WITH src AS (SELECT l.user_hash, l.messages->0->>'content' AS q"
+        "WITH src AS (SELECT l.user_hash, l.messages AS q"
         "  FROM train.dataset_example e JOIN obs.inference_log l ON l.id = ANY(e.log_ids)"
         "  WHERE e.snapshot_id = %s),"
         " held AS (SELECT DISTINCT user_hash FROM obs.inference_log"
         "  WHERE route = %s AND adapter_id = %s AND created_at >= %s"
-        "  AND messages->0->>'content' = ANY(%s))"
-        " SELECT (SELECT count(*) FROM src WHERE q = ANY(%s)) AS questions_in_training,"
+        "  AND messages = ANY(%s::jsonb[]))"
+        " SELECT (SELECT count(*) FROM src WHERE q = ANY(%s::jsonb[])) AS questions_in_training,"
         "  (SELECT count(*) FROM held WHERE user_hash IN (SELECT user_hash FROM src))"
         "   AS users_in_training",
         (cyc["snapshot_id"], route, adapter, cyc["promoted_at"], held, held),
@@ -100,8 +101,10 @@ def _live(conn: Connection, cyc: dict[str, Any], held: list[str]) -> dict[str, A
     return out
 
 
-def collect(db_url: str, *, route: str, held_out_prompts: list[str]) -> dict[str, Any]:
-    """Everything the report prints, as plain data (JSON-ready but for datetimes)."""
+def collect(db_url: str, *, route: str, held_out_chats: list[str]) -> dict[str, Any]:
+    """Everything the report prints, as plain data (JSON-ready but for datetimes).
+
+    held_out_chats: the held-out questions' whole chats (JSON), as the users send them."""
     with connect(db_url, autocommit=True) as conn:
         conn.execute("SET default_transaction_read_only = on")
         cyc = conn.execute(
@@ -126,7 +129,8 @@ def collect(db_url: str, *, route: str, held_out_prompts: list[str]) -> dict[str
             "hyperparameters", "snapshot_id", "snapshot_counts", "n_train", "n_eval",
             "training_run_id", "adapter_id", "eval_scores", "blockers", "canary_pct",
             "canary_started_at", "experiment", "decision", "decision_code", "decision_reason",
-            "promoted_at", "watch", "error", "created_at", "finished_at")}  # fmt: skip
+            "promoted_at", "watch", "error", "settings_tried", "created_at",
+            "finished_at")}  # fmt: skip
         out["durations"] = _durations(cyc, events)
         out["first_feedback_to_cycle_s"] = (
             (cyc["created_at"] - traffic["first_feedback_at"]).total_seconds()
@@ -149,7 +153,7 @@ def collect(db_url: str, *, route: str, held_out_prompts: list[str]) -> dict[str
                 (adapter,),
             ).fetchone()
             out["eval_base"] = _flatten(summary["base"] if summary else None)
-        out["live"] = _live(conn, cyc, held_out_prompts)
+        out["live"] = _live(conn, cyc, held_out_chats)
         prod = conn.execute("SELECT serve.current_prod(%s) AS id", (route,)).fetchone()
         out["prod_now"] = prod["id"] if prod else None
         if cyc["promoted_at"] is not None:
