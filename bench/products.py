@@ -83,7 +83,7 @@ class Product:
 
     def split(self, seed: int = 7) -> tuple[list[Question], list[Question]]:
         """All questions shuffled by seed, split into (train traffic, held out)."""
-        qs = sorted(set(self.pool()), key=lambda q: q.text)
+        qs = sorted(set(self.pool()), key=lambda q: (q.text, q.facts))
         random.Random(f"{self.name}:{seed}").shuffle(qs)
         return qs[: -self.held_out], qs[-self.held_out :]
 
