@@ -258,6 +258,8 @@ def train_and_score(
         "loss": loss,
         "eval_s": round(time.monotonic() - started, 1),
         "examples": answers[:3],
+        "answers": answers,
+        "distinct": len(set(answers)) / len(answers),
     }
 
 
@@ -297,8 +299,14 @@ def row_line(r: dict[str, Any]) -> str:
     return (
         f"| {r['product']} | {r['mix']} | {r['method']} | {r['setting']}: {r['settings']} |"
         f" {r['n']} | {r['steps']} | {r['train_s']:.0f} | {pct(r['base_rate'])} →"
-        f" **{pct(r['rate'])}** | {r['base_loss']:.2f} → {r['loss']:.2f} |"
+        f" **{pct(r['rate'])}** | {pct(r.get('distinct'))} | {r['base_loss']:.2f} →"
+        f" {r['loss']:.2f} |"
     )
+
+
+def example_line(r: dict[str, Any]) -> str:
+    text = r["examples"][0][:110].replace("\n", "⏎").replace("|", "\\|")
+    return f"| {r['product']} | {r['method']} | {r['setting']} | `{text}` |"
 
 
 def data_line(d: ProductData) -> str:
@@ -343,10 +351,19 @@ def write_report(
         "Rule rate: share of greedy held-out answers that follow the product's rule (base →"
         " adapter). Loss: mean token loss of the held-out wanted answers (base → adapter).",
         "",
+        "Distinct: share of distinct held-out answers (low: the adapter collapsed onto a few"
+        " answers; not recorded for runs made before it was added).",
+        "",
         "| product | feedback mix | method | settings | n | steps | train s | rule rate |"
-        " held-out loss |",
-        "|---|---|---|---|---|---|---|---|---|",
+        " distinct | held-out loss |",
+        "|---|---|---|---|---|---|---|---|---|---|",
         *[row_line(r) for r in rows],
+        "",
+        "## The first held-out answer of each run (greedy)",
+        "",
+        "| product | method | settings | answer |",
+        "|---|---|---|---|",
+        *[example_line(r) for r in rows],
         "",
     ]
     path.parent.mkdir(parents=True, exist_ok=True)
