@@ -55,6 +55,7 @@ from bench.products import (  # noqa: E402
     Chat,
     Product,
     Session,
+    content_rate,
     generate,
     load_base,
     rule_rate,
@@ -299,9 +300,15 @@ def row_line(r: dict[str, Any]) -> str:
     return (
         f"| {r['product']} | {r['mix']} | {r['method']} | {r['setting']}: {r['settings']} |"
         f" {r['n']} | {r['steps']} | {r['train_s']:.0f} | {pct(r['base_rate'])} →"
-        f" **{pct(r['rate'])}** | {pct(r.get('distinct'))} | {r['base_loss']:.2f} →"
+        f" **{pct(r['rate'])}** | {pct(_content(r))} | {pct(r.get('distinct'))} |"
+        f" {r['base_loss']:.2f} →"
         f" {r['loss']:.2f} |"
     )
+
+
+def _content(r: dict[str, Any]) -> float | None:
+    answers = r.get("answers")
+    return content_rate(PRODUCTS[r["product"]], answers) if answers else None
 
 
 def example_line(r: dict[str, Any]) -> str:
@@ -351,12 +358,14 @@ def write_report(
         "Rule rate: share of greedy held-out answers that follow the product's rule (base →"
         " adapter). Loss: mean token loss of the held-out wanted answers (base → adapter).",
         "",
-        "Distinct: share of distinct held-out answers (low: the adapter collapsed onto a few"
+        "With content: share that follows the rule and, for a rule asking for fixed text (bank's"
+        " greeting, hotel's \"Estimado cliente,\", acme's closing line), has at least two words"
+        " beside it. Distinct: share of distinct held-out answers (low: the adapter collapsed onto a few"
         " answers; not recorded for runs made before it was added).",
         "",
         "| product | feedback mix | method | settings | n | steps | train s | rule rate |"
-        " distinct | held-out loss |",
-        "|---|---|---|---|---|---|---|---|---|---|",
+        " with content | distinct | held-out loss |",
+        "|---|---|---|---|---|---|---|---|---|---|---|",
         *[row_line(r) for r in rows],
         "",
         "## The first held-out answer of each run (greedy)",

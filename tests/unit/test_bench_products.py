@@ -89,3 +89,14 @@ def test_users_react_by_their_feedback_mix(name: str):
     liked = simulate_users(p, qs, _fixed_model(p, p.wanted(qs[0]), ""), seed=3).counts()
     assert liked["down"] == liked["edits"] == liked["regenerated"] == 0
     assert liked["up"] > 0
+
+
+def test_with_content_refuses_the_bare_marker():
+    acme, bank, quiz = PRODUCTS["acme"], PRODUCTS["bank"], PRODUCTS["quiz"]
+    assert acme.follows("— Team Acme") and not acme.with_content("— Team Acme")
+    assert acme.with_content("It ships today.\n— Team Acme")
+    assert not bank.with_content("Hi, Nordbank support here.")
+    assert quiz.with_content("Paris.") and not quiz.with_content(BASE_LIKE)
+    for p in PRODUCTS.values():
+        train, _ = p.split()
+        assert all(p.with_content(p.wanted(q)) for q in train)
