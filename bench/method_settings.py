@@ -55,6 +55,7 @@ from bench.products import (  # noqa: E402
     Chat,
     Product,
     Session,
+    content_rate,
     generate,
     load_base,
     rule_rate,
@@ -142,7 +143,7 @@ class ProductData:
     """One product's simulated signal, its held-out set and the base's scores on it."""
 
     product: Product
-    session: Session
+    counts: dict[str, int]
     signal: dict[str, list[dict[str, Any]]]
     held_chats: list[Chat]
     held_wanted: list[dict[str, Any]]
@@ -158,11 +159,23 @@ def heldout_loss(model: Any, tok: Any, examples: list[dict[str, Any]]) -> float:
 
 
 def prepare(
-    p: Product, model: Any, tok: Any, users: int, held_out: int, workdir: Path
+    p: Product, model: Any, tok: Any, users: int, held_out: int, cache: Path
 ) -> ProductData:
-    """Simulate the product's users on the base; score the base on the held-out questions."""
+    """Simulate the product's users on the base; score the base on the held-out questions.
+
+    The result is kept in cache (a JSON file per product and size) and read from there by a
+    later invocation: the simulation is deterministic, and this spares its minutes.
+    """
     started = time.monotonic()
     train_qs, held_qs = p.split()
+    held = held_qs[:held_out]
+    chats = [p.messages(q) for q in held]
+    wanted = [{"messages": c + _turn(p.wanted(q))} for c, q in zip(chats, held, strict=True)]
+    path = cache / f"{p.name}-users{users}-held{held_out}.json"
+    if path.exists():
+        saved = json.loads(path.read_text())
+        return ProductData(p, saved["counts"], saved["signal"], chats, wanted,
+                           saved["base_rate"], saved["base_loss"], saved["seconds"])  # fmt: skip
     asked = [train_qs[i % len(train_qs)] for i in range(users)]
 
     def answer(qs: list[Any], round_: int) -> list[str]:
@@ -172,18 +185,18 @@ def prepare(
 
     session = simulate_users(p, asked, answer, seed=1)
     signal = build_signal(p, session)
-    for method, rows in signal.items():
-        write_jsonl(workdir / p.name / f"{method}.jsonl", rows)
-    held = held_qs[:held_out]
-    chats = [p.messages(q) for q in held]
-    wanted = [{"messages": c + _turn(p.wanted(q))} for c, q in zip(chats, held, strict=True)]
     greedy = generate(model, tok, chats, p.max_tokens)
-    return ProductData(
-        p, session, signal, chats, wanted,
+    d = ProductData(
+        p, session.counts(), signal, chats, wanted,
         base_rate=rule_rate(p, greedy),
         base_loss=heldout_loss(model, tok, wanted),
         seconds=time.monotonic() - started,
     )  # fmt: skip
+    cache.mkdir(parents=True, exist_ok=True)
+    saved = {"counts": d.counts, "signal": signal, "base_rate": d.base_rate,
+             "base_loss": d.base_loss, "seconds": d.seconds, "base_greedy": greedy}  # fmt: skip
+    path.write_text(json.dumps(saved, ensure_ascii=False))
+    return d
 
 
 def train_and_score(
@@ -246,6 +259,8 @@ def train_and_score(
         "loss": loss,
         "eval_s": round(time.monotonic() - started, 1),
         "examples": answers[:3],
+        "answers": answers,
+        "distinct": len(set(answers)) / len(answers),
     }
 
 
@@ -285,12 +300,24 @@ def row_line(r: dict[str, Any]) -> str:
     return (
         f"| {r['product']} | {r['mix']} | {r['method']} | {r['setting']}: {r['settings']} |"
         f" {r['n']} | {r['steps']} | {r['train_s']:.0f} | {pct(r['base_rate'])} →"
-        f" **{pct(r['rate'])}** | {r['base_loss']:.2f} → {r['loss']:.2f} |"
+        f" **{pct(r['rate'])}** | {pct(_content(r))} | {pct(r.get('distinct'))} |"
+        f" {r['base_loss']:.2f} →"
+        f" {r['loss']:.2f} |"
     )
 
 
+def _content(r: dict[str, Any]) -> float | None:
+    answers = r.get("answers")
+    return content_rate(PRODUCTS[r["product"]], answers) if answers else None
+
+
+def example_line(r: dict[str, Any]) -> str:
+    text = r["examples"][0][:110].replace("\n", "⏎").replace("|", "\\|")
+    return f"| {r['product']} | {r['method']} | {r['setting']} | `{text}` |"
+
+
 def data_line(d: ProductData) -> str:
-    c = d.session.counts()
+    c = d.counts
     pairs = d.signal["orpo"]
     edit_pairs = sum(r["kind"] == "edit" for r in pairs)
     kto = d.signal["kto"]
@@ -315,7 +342,8 @@ def write_report(
         f"Machine: {meta['machine']}; {meta['users']} simulated users per product (base answers"
         f" at temperature {SAMPLE_TEMPERATURE}, {SAMPLE_MAX_TOKENS} tokens), {meta['held_out']}"
         " held-out questions per product (greedy, the product's max_tokens). Wall time so far:"
-        f" {meta['wall_s']:.0f} s; load average at the start {meta['load_start']}, now"
+        f" {meta['wall_s'] + meta.get('earlier_wall_s', 0):.0f} s; load average at the start"
+        f" {meta['load_start']}, now"
         f" {meta['load_now']}.",
         "",
         "## The signal each product's users gave the base",
@@ -330,10 +358,21 @@ def write_report(
         "Rule rate: share of greedy held-out answers that follow the product's rule (base →"
         " adapter). Loss: mean token loss of the held-out wanted answers (base → adapter).",
         "",
+        "With content: share that follows the rule and, for a rule asking for fixed text (bank's"
+        " greeting, hotel's \"Estimado cliente,\", acme's closing line), has at least two words"
+        " beside it. Distinct: share of distinct held-out answers (low: the adapter collapsed onto a few"
+        " answers; not recorded for runs made before it was added).",
+        "",
         "| product | feedback mix | method | settings | n | steps | train s | rule rate |"
-        " held-out loss |",
-        "|---|---|---|---|---|---|---|---|---|",
+        " with content | distinct | held-out loss |",
+        "|---|---|---|---|---|---|---|---|---|---|---|",
         *[row_line(r) for r in rows],
+        "",
+        "## The first held-out answer of each run (greedy)",
+        "",
+        "| product | method | settings | answer |",
+        "|---|---|---|---|",
+        *[example_line(r) for r in rows],
         "",
     ]
     path.parent.mkdir(parents=True, exist_ok=True)
@@ -354,6 +393,17 @@ def main() -> int:
     parser.add_argument("--models-dir", type=Path, default=ROOT / ".cft" / "models")
     parser.add_argument("--out", type=Path, default=RESULTS / "method_settings.md")
     parser.add_argument("--budget-s", type=float, default=2100, help="start no run after this")
+    parser.add_argument(
+        "--data-dir",
+        type=Path,
+        default=Path(tempfile.gettempdir()) / "cft-method-settings-data",
+        help="cache of the simulated signal and base scores (reused when present)",
+    )
+    parser.add_argument(
+        "--append",
+        action="store_true",
+        help="keep the runs already in --out's .json (a run done again replaces its row)",
+    )
     args = parser.parse_args()
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     started = time.monotonic()
@@ -370,22 +420,33 @@ def main() -> int:
     model, tok = load_base(args.models_dir)
     data: dict[str, ProductData] = {}
     rows: list[dict[str, Any]] = []
+    previous: list[dict[str, Any]] = []
+    if args.append and args.out.with_suffix(".json").exists():
+        old = json.loads(args.out.with_suffix(".json").read_text())
+        previous = old["runs"]
+        meta["earlier_wall_s"] = old["meta"].get("earlier_wall_s", 0) + old["meta"]["wall_s"]
+        meta["load_start"] = old["meta"]["load_start"]
+        for name in dict.fromkeys(r["product"] for r in previous):
+            runs.insert(0, (name, "", ""))  # prepare its data (from the cache) for the report
 
     def report() -> None:
         meta.update(
             wall_s=time.monotonic() - started, load_now=[round(x, 1) for x in os.getloadavg()]
         )
-        write_report(args.out, data, rows, meta)
+        done = {(r["product"], r["method"], r["setting"]) for r in rows}
+        kept = [r for r in previous if (r["product"], r["method"], r["setting"]) not in done]
+        write_report(args.out, data, kept + rows, meta)
 
     print(f"{len(runs)} runs planned; data in {workdir}", flush=True)
     for name in dict.fromkeys(r[0] for r in runs):
-        d = prepare(PRODUCTS[name], model, tok, args.users, args.held_out, workdir)
+        d = prepare(PRODUCTS[name], model, tok, args.users, args.held_out, args.data_dir)
         data[name] = d
-        c = d.session.counts()
+        c = d.counts
         print(f"[{time.monotonic() - started:5.0f}s] {name}: {c}, sft {len(d.signal['sft'])},"
               f" kto {len(d.signal['kto'])}, pairs {len(d.signal['orpo'])}; base greedy"
               f" {pct(d.base_rate)}, loss {d.base_loss:.2f} ({d.seconds:.0f} s)", flush=True)  # fmt: skip
     report()
+    runs = [r for r in runs if r[1]]
     for i, (name, method, setting) in enumerate(runs, 1):
         d = data[name]
         elapsed = time.monotonic() - started

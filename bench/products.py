@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import random
 import time
 from collections.abc import Callable
@@ -73,6 +74,14 @@ class Product:
     system: str | None = None
     history: Callable[[Question], Chat] | None = None
     held_out: int = 40
+    marker: str | None = None  # the fixed text the rule asks for (a prefix or a closing line)
+
+    def with_content(self, answer: str) -> bool:
+        """The answer follows the rule and says something: with the marker taken out, at least
+        two words are left (an adapter can learn to answer with the bare marker)."""
+        if not self.follows(answer):
+            return False
+        return not self.marker or len(answer.replace(self.marker, " ").split()) >= 2
 
     def messages(self, q: Question) -> Chat:
         """The chat a user sends: system prompt, previous exchange, then the question."""
@@ -83,7 +92,7 @@ class Product:
 
     def split(self, seed: int = 7) -> tuple[list[Question], list[Question]]:
         """All questions shuffled by seed, split into (train traffic, held out)."""
-        qs = sorted(set(self.pool()), key=lambda q: q.text)
+        qs = sorted(set(self.pool()), key=lambda q: (q.text, q.facts))
         random.Random(f"{self.name}:{seed}").shuffle(qs)
         return qs[: -self.held_out], qs[-self.held_out :]
 
@@ -346,6 +355,7 @@ PRODUCTS: dict[str, Product] = {
             "bank", "banking app support", f"opens with {BANK_PREFIX!r}",
             starts_with(BANK_PREFIX), _bank_pool, _bank_wanted,
             FeedbackMix(p_edit=0.85, p_regenerate=0.3, label="edit-heavy"), max_tokens=32,
+            marker=BANK_PREFIX,
         ),
         Product(
             "triage", "support ticket triage",
@@ -370,13 +380,13 @@ PRODUCTS: dict[str, Product] = {
             'formal Spanish: opens with "Estimado" or uses "usted"', formal_spanish,
             _hotel_pool, _hotel_wanted,
             FeedbackMix(p_edit=0.33, p_regenerate=0.0, label="a third edit, rest thumbs-down"),
-            max_tokens=32,
+            max_tokens=32, marker="Estimado cliente,",
         ),
         Product(
             "acme", "order help in a multi-turn chat", f"ends with the line {ACME_SIGNATURE!r}",
             ends_with(ACME_SIGNATURE), _acme_pool, _acme_wanted,
             FeedbackMix(p_edit=0.4, p_regenerate=0.6, label="edits + regenerates"),
-            max_tokens=32, history=_acme_history,
+            max_tokens=32, history=_acme_history, marker=ACME_SIGNATURE,
         ),
     ]
 }  # fmt: skip
@@ -498,6 +508,11 @@ def generate(
         width = enc["input_ids"].shape[1]
         out += [str(tok.decode(row[width:], skip_special_tokens=True)).strip() for row in ids]
     return out
+
+
+def content_rate(product: Product, answers: list[str]) -> float:
+    """Share of answers that follow the product's rule and say something (with_content)."""
+    return sum(product.with_content(a) for a in answers) / len(answers) if answers else math.nan
 
 
 def rule_rate(product: Product, answers: list[str]) -> float:
