@@ -78,8 +78,8 @@ def get_detail_or_raise(conn: Connection, *, adapter_id: str) -> dict[str, Any]:
     row = get_adapter_or_raise(conn, adapter_id=adapter_id)
     results = conn.execute(
         "SELECT suite_id, metric, score, judge_model, judged_at, rubric_version, author_kind,"
-        " author_role, author_key_id, author FROM train.eval_result"
-        " WHERE adapter_id = %s ORDER BY suite_id, metric",
+        " author_role, author_key_id, author FROM train.eval_result_latest"
+        " WHERE adapter_id = %s ORDER BY suite_id, metric, judged_at, id",
         (adapter_id,),
     ).fetchall()
     events = conn.execute(
@@ -242,13 +242,23 @@ def register_candidate(
         raise NotFound(f"route {route!r} does not exist for tenant {tenant_id}") from exc
 
 
+def counted_scores(conn: Connection, *, adapter_id: str) -> dict[str, float | None]:
+    """The score that counts per "suite/metric" (train.eval_result_counted); None: not finite."""
+    rows = conn.execute(
+        "SELECT suite_id, metric, score FROM train.eval_result_counted WHERE adapter_id = %s",
+        (adapter_id,),
+    ).fetchall()
+    return {f"{r['suite_id']}/{r['metric']}": _finite(r["score"]) for r in rows}
+
+
 def record_eval_results(
     conn: Connection, *, adapter_id: str, results: list[dict[str, Any]], key_id: int
 ) -> list[dict[str, Any]]:
-    """Store scores of an adapter as key_id's (a recorded suite/metric is replaced); returns all.
+    """Record scores of an adapter as key_id's; returns the newest result of each author.
 
-    The database makes the key the results' author (train.eval_result_author): whether they
-    satisfy a required rule depends on the key's role and the policy's trusted_authors.
+    Results are facts: a score sent again for a suite/metric is a new result, and the newest of
+    each author counts. The database makes the key the results' author (train.eval_result_author):
+    whether they satisfy a required rule depends on the key's role and the rule's trusted_authors.
     """
     get_adapter_or_raise(conn, adapter_id=adapter_id)
     as_key(conn, key_id)
@@ -257,10 +267,7 @@ def record_eval_results(
             "INSERT INTO train.eval_result"
             " (adapter_id, suite_id, metric, score, judge_model, rubric_version)"
             " VALUES (%(adapter_id)s, %(suite_id)s, %(metric)s, %(score)s, %(judge_model)s,"
-            " %(rubric_version)s)"
-            " ON CONFLICT (adapter_id, suite_id, metric) DO UPDATE"
-            " SET score = EXCLUDED.score, judge_model = EXCLUDED.judge_model,"
-            " rubric_version = EXCLUDED.rubric_version, judged_at = now()",
+            " %(rubric_version)s)",
             [{"rubric_version": None} | r | {"adapter_id": adapter_id} for r in results],
         )
     return get_detail_or_raise(conn, adapter_id=adapter_id)["eval_results"]  # type: ignore[no-any-return]

@@ -66,7 +66,7 @@ def evals_page(request: Request, pool: PoolDep) -> Response:
     with tenant(key, pool) as conn:
         rows = conn.execute(
             "SELECT a.id, a.route, a.status, a.created_at, a.previous_prod_id, count(r.*) AS n"
-            "  FROM serve.adapter a JOIN train.eval_result r ON r.adapter_id = a.id"
+            "  FROM serve.adapter a JOIN train.eval_result_counted r ON r.adapter_id = a.id"
             " GROUP BY a.id ORDER BY a.created_at DESC, a.id LIMIT 100"
         ).fetchall()
         items = []
@@ -92,7 +92,8 @@ def adapter_evals_page(adapter_id: str, request: Request, pool: PoolDep) -> Resp
         rules = _rules(conn, adapter)
         results = conn.execute(
             "SELECT adapter_id, suite_id, metric, score, judge_model, author_role, judged_at"
-            "  FROM train.eval_result WHERE adapter_id = ANY (%s) ORDER BY suite_id, metric",
+            "  FROM train.eval_result_counted WHERE adapter_id = ANY (%s)"
+            " ORDER BY suite_id, metric",
             ([adapter_id] + ([current] if current else []),),
         ).fetchall()
     cand = {(r["suite_id"], r["metric"]): r for r in results if r["adapter_id"] == adapter_id}

@@ -272,8 +272,7 @@ def step_evaluating(conn: Connection, c: dict[str, Any]) -> Outcome:
         state = req["status"] if req else "not claimed yet"
         return Outcome(None, note=f"waiting for the evaluator ({state})", delay_s=POLL_S)
     current = adapters.current_prod(conn, route=c["route"])
-    detail = adapters.get_detail_or_raise(conn, adapter_id=c["adapter_id"])
-    scores = {f"{r['suite_id']}/{r['metric']}": r["score"] for r in detail["eval_results"]}
+    scores = adapters.counted_scores(conn, adapter_id=c["adapter_id"])
     found = adapters.blockers(conn, candidate=c["adapter_id"], current=current)
     unscored = offline.unscored(conn, c["adapter_id"], found)
     if unscored:

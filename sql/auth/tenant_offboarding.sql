@@ -94,8 +94,9 @@ $$;
 
 -- Step 2. Refuses while an adapter of the tenant serves or is loaded on an engine (unless
 -- p_force: the operator knows those engines are gone). Sealed snapshots refuse deletes
--- (train.dataset_snapshot_immutable); cft.offboarding_tenant, set here for this transaction
--- only, is the one way through, and only roles that may DELETE snapshots (the owner) can use it.
+-- (train.dataset_snapshot_immutable) and results refuse every delete (train.eval_result_immutable);
+-- cft.offboarding_tenant, set here for this transaction only, is the one way through, and only
+-- roles that may DELETE snapshots and results (the owner) can use it.
 CREATE OR REPLACE FUNCTION auth.offboard_tenant(p_tenant int, p_by text, p_force boolean DEFAULT false)
 RETURNS auth.tenant_offboarding
 LANGUAGE plpgsql VOLATILE SECURITY DEFINER SET search_path = pg_catalog, public, pg_temp AS $$
@@ -152,8 +153,11 @@ BEGIN
   DELETE FROM obs.request_key WHERE tenant_id = p_tenant;
   GET DIAGNOSTICS v_n = ROW_COUNT; v_counts := v_counts || jsonb_build_object('obs.request_key', v_n);
 
+  -- Results are facts (train.eval_result_immutable): offboarding is the one way out.
+  PERFORM set_config('cft.offboarding_tenant', p_tenant::text, true);
   DELETE FROM train.eval_result WHERE adapter_id = ANY (v_adapters);
   GET DIAGNOSTICS v_n = ROW_COUNT; v_counts := v_counts || jsonb_build_object('train.eval_result', v_n);
+  PERFORM set_config('cft.offboarding_tenant', '', true);
   DELETE FROM train.eval_request WHERE tenant_id = p_tenant OR adapter_id = ANY (v_adapters);
   GET DIAGNOSTICS v_n = ROW_COUNT; v_counts := v_counts || jsonb_build_object('train.eval_request', v_n);
   DELETE FROM train.judge_verdict v USING train.judge_calibration c

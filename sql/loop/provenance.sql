@@ -34,8 +34,8 @@ LANGUAGE sql STABLE AS $$
    WHERE l.id IN (SELECT unnest(e.log_ids) FROM e) AND l.tenant_id = (SELECT tenant_id FROM a)
   UNION ALL
   SELECT 7, 'eval', r.suite_id || '/' || r.metric, jsonb_build_object('score', r.score,
-         'judge_model', r.judge_model, 'judged_at', r.judged_at)
-    FROM train.eval_result r WHERE r.adapter_id = p_adapter
+         'judge_model', r.judge_model, 'judged_at', r.judged_at, 'author', r.author)
+    FROM train.eval_result_counted r WHERE r.adapter_id = p_adapter
   UNION ALL
   SELECT 8, 'gate', c.id::text, jsonb_build_object('current_prod', c.current_prod_id,
          'blockers', c.blockers, 'eval_scores', c.eval_scores) FROM c

@@ -100,8 +100,8 @@ BEGIN
     UNION ALL
     -- The candidate's results that no rule names: the default rule (never required, so no
     -- judge calibration is asked for; its comparison counts only between trusted authors).
-    SELECT r.metric, 'higher', 0.02, false, true, train.default_trusted_authors(), NULL::numeric,
-           r.suite_id
+    SELECT DISTINCT r.metric, 'higher', 0.02, false, true, train.default_trusted_authors(),
+           NULL::numeric, r.suite_id
       FROM train.eval_result r
      WHERE r.adapter_id = c.id
        AND NOT EXISTS (SELECT 1 FROM ruled q
@@ -116,10 +116,10 @@ BEGIN
            pr.rubric_version AS pv, pr.author AS pa, pr.author_role = ANY (pol.trusted) AS p_trust,
            cal.id AS cal_id, cal.kappa AS kappa
       FROM pol
-      LEFT JOIN train.eval_result cr
-             ON cr.adapter_id = c.id AND cr.suite_id = pol.suite_id AND cr.metric = pol.metric
-      LEFT JOIN train.eval_result pr
-             ON pr.adapter_id = v_cur AND pr.suite_id = pol.suite_id AND pr.metric = pol.metric
+      -- Results are facts with authors: the one that counts is the newest by an author the
+      -- rule trusts, else the newest (train.counted_result).
+      LEFT JOIN LATERAL train.counted_result(c.id, pol.suite_id, pol.metric, pol.trusted) cr ON true
+      LEFT JOIN LATERAL train.counted_result(v_cur, pol.suite_id, pol.metric, pol.trusted) pr ON true
       -- The judge's latest calibration on this suite with this rubric.
       LEFT JOIN LATERAL (
         SELECT jc.id, jc.kappa FROM train.judge_calibration jc

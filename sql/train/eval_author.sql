@@ -62,8 +62,8 @@ BEGIN
 END
 $$;
 
--- Every INSERT and UPDATE of a result (an ON CONFLICT update, a raw UPDATE of a score) makes
--- the writing session its author, whatever the statement says about the author columns.
+-- Every result written makes the writing session its author and now its time, whatever the
+-- statement says about those columns.
 CREATE OR REPLACE FUNCTION train.eval_result_author() RETURNS trigger
 LANGUAGE plpgsql SET search_path = pg_catalog, public, pg_temp AS $$
 DECLARE
@@ -79,16 +79,36 @@ BEGIN
   NEW.author_role := a.author_role;
   NEW.author_key_id := a.author_key_id;
   NEW.author := a.author;
+  NEW.judged_at := clock_timestamp();
   RETURN NEW;
 END
 $$;
-CREATE OR REPLACE TRIGGER eval_result_author BEFORE INSERT OR UPDATE ON train.eval_result
+CREATE OR REPLACE TRIGGER eval_result_author BEFORE INSERT ON train.eval_result
   FOR EACH ROW EXECUTE FUNCTION train.eval_result_author();
 
--- The release role records results too (its own or an external harness's): they count.
-GRANT INSERT, UPDATE ON train.eval_result TO cft_release;
+-- Results are facts: no UPDATE, DELETE or TRUNCATE, whoever asks (a correction is a new row).
+-- The one way out is offboarding the adapter's tenant (auth.offboard_tenant sets
+-- cft.offboarding_tenant for its transaction; only roles that may DELETE results, the owner,
+-- get here).
+CREATE OR REPLACE FUNCTION train.eval_result_immutable() RETURNS trigger
+LANGUAGE plpgsql SET search_path = pg_catalog, public, pg_temp AS $$
+BEGIN
+  IF TG_OP = 'DELETE' AND (SELECT a.tenant_id::text FROM serve.adapter a WHERE a.id = OLD.adapter_id)
+                          = current_setting('cft.offboarding_tenant', true) THEN
+    RETURN OLD;
+  END IF;
+  RAISE EXCEPTION 'eval results are facts: % refused (record a correction as a new result;'
+    ' the newest per author counts)', TG_OP
+    USING ERRCODE = 'object_not_in_prerequisite_state';
+END
+$$;
+CREATE OR REPLACE TRIGGER eval_result_immutable BEFORE UPDATE OR DELETE ON train.eval_result
+  FOR EACH ROW EXECUTE FUNCTION train.eval_result_immutable();
+CREATE OR REPLACE TRIGGER eval_result_no_truncate BEFORE TRUNCATE ON train.eval_result
+  FOR EACH STATEMENT EXECUTE FUNCTION train.eval_result_immutable();
+
+-- The release role records results too (its own or an external harness's): shown and audited;
+-- they count only where a rule names release in trusted_authors.
+GRANT INSERT ON train.eval_result TO cft_release;
 DROP POLICY IF EXISTS release_write ON train.eval_result;
 CREATE POLICY release_write ON train.eval_result FOR INSERT TO cft_release WITH CHECK (true);
-DROP POLICY IF EXISTS release_update ON train.eval_result;
-CREATE POLICY release_update ON train.eval_result FOR UPDATE TO cft_release
-  USING (true) WITH CHECK (true);

@@ -35,8 +35,7 @@ def _as_evaluator(conn: Any, adapter: str, suite: str, metric: str, score: float
         conn.execute("SELECT set_config('cft.evaluator', 'cft-evaluator/test w1', true)")
         conn.execute(
             "INSERT INTO train.eval_result (adapter_id, suite_id, metric, score)"
-            " VALUES (%s, %s, %s, %s) ON CONFLICT (adapter_id, suite_id, metric)"
-            " DO UPDATE SET score = EXCLUDED.score",
+            " VALUES (%s, %s, %s, %s)",
             (adapter, suite, metric, score),
         )
 
@@ -148,7 +147,8 @@ def test_trainer_results_are_kept_and_shown_but_do_not_satisfy_required_rules(
     # them, and the promotion goes.
     resp = _post_results(api, keys["release"], world["cand"], 0.95, 1.0)
     assert {(r["author_role"], r["author_key_id"]) for r in resp.json()} == {
-        ("release", ids["release"])
+        ("trainer", ids["trainer"]),
+        ("release", ids["release"]),
     }
     assert _blockers(conn, world["cand"], world["prod"]) != []
     conn.execute(
@@ -162,7 +162,7 @@ def test_trainer_results_are_kept_and_shown_but_do_not_satisfy_required_rules(
     )
     assert promote.status_code == 200, promote.text
     detail = httpx.get(f"{api}/v1/adapters/{world['cand']}", headers=_h(keys["reader"])).json()
-    assert {r["author_role"] for r in detail["eval_results"]} == {"release"}
+    assert {r["author_role"] for r in detail["eval_results"]} == {"trainer", "release"}
 
 
 def test_a_trainer_cannot_launder_or_undercut_trusted_results(
@@ -172,22 +172,63 @@ def test_a_trainer_cannot_launder_or_undercut_trusted_results(
     _as_evaluator(conn, world["cand"], "tasks", "accuracy", 0.5)
     _as_evaluator(conn, world["cand"], "heldout", "loss", 1.4)
     assert [b["suite_id"] for b in _blockers(conn, world["cand"], world["prod"])] == ["tasks"]
-    # Overwriting the evaluator's (worse) score makes the trainer its author: still refused.
+    # A newer, better score from the trainer is kept beside the evaluator's (worse) one, which
+    # still counts: still refused.
     assert _post_results(api, keys["trainer"], world["cand"], 0.99, 1.4).status_code == 200
-    assert _authors(conn, world["cand"]) == {("key", "trainer")}
-    assert not conn.execute(
-        "SELECT serve.can_promote(%s, %s) AS ok", (world["cand"], world["prod"])
-    ).fetchone()["ok"]
-    # Lowering the prod's scores to make the candidate look better: the prod's side of a
-    # required comparison must be trusted too.
+    assert _authors(conn, world["cand"]) == {("key", "trainer"), ("evaluator", "evaluator")}
+    assert [b["suite_id"] for b in _blockers(conn, world["cand"], world["prod"])] == ["tasks"]
+    # The evaluator's correction (a new result) counts: the newest trusted one.
     _as_evaluator(conn, world["cand"], "tasks", "accuracy", 0.9)
-    _as_evaluator(conn, world["cand"], "heldout", "loss", 1.4)
-    assert _authors(conn, world["cand"]) == {("evaluator", "evaluator")}
     assert _blockers(conn, world["cand"], world["prod"]) == []
+    # Lowering the prod's scores to make the candidate look better changes nothing either: the
+    # prod's trusted results still count.
     assert _post_results(api, keys["trainer"], world["prod"], 0.1, 9.0).status_code == 200
-    why = [b["reason"] for b in _blockers(conn, world["cand"], world["prod"])]
-    assert len(why) == 3 and why[-1].startswith("nothing compared"), why
-    assert all("current adapter's result is by key" in w for w in why[:2]), why
+    assert _blockers(conn, world["cand"], world["prod"]) == []
+    counted = conn.execute(
+        "SELECT metric, score, author_role FROM train.eval_result_counted"
+        " WHERE adapter_id = %s ORDER BY metric",
+        (world["prod"],),
+    ).fetchall()
+    assert [(r["metric"], float(r["score"]), r["author_role"]) for r in counted] == [
+        ("accuracy", 0.8, "evaluator"),
+        ("loss", 1.5, "evaluator"),
+    ]
+
+
+def test_results_are_facts_no_role_rewrites_them(conn: Any, world: dict[str, Any]) -> None:
+    """Not even the owner updates, deletes or truncates a result; offboarding is the one way."""
+    for sql in (
+        "UPDATE train.eval_result SET score = 0.99 WHERE adapter_id = %(a)s",
+        "DELETE FROM train.eval_result WHERE adapter_id = %(a)s",
+        "TRUNCATE train.eval_result",
+    ):
+        with (
+            pytest.raises(psycopg.errors.ObjectNotInPrerequisiteState, match="facts"),
+            conn.transaction(),
+        ):
+            conn.execute(sql, {"a": world["prod"]})
+    # judged_at is the database's, not the writer's: a back-dated result is written as now.
+    with conn.transaction():
+        conn.execute("SELECT set_config('cft.evaluator', 'cft-evaluator/test w1', true)")
+        conn.execute(
+            "INSERT INTO train.eval_result (adapter_id, suite_id, metric, score, judged_at)"
+            " VALUES (%s, 'tasks', 'accuracy', 0.7, '2000-01-01')",
+            (world["prod"],),
+        )
+    newest = conn.execute(
+        "SELECT score, judged_at > now() - interval '1 hour' AS fresh FROM train.eval_result_counted"
+        " WHERE adapter_id = %s AND metric = 'accuracy'",
+        (world["prod"],),
+    ).fetchone()
+    assert float(newest["score"]) == 0.7 and newest["fresh"]
+    # The history stays: both of the evaluator's results on tasks/accuracy.
+    assert (
+        conn.execute(
+            "SELECT count(*) AS n FROM train.eval_result WHERE adapter_id = %s AND metric = 'accuracy'",
+            (world["prod"],),
+        ).fetchone()["n"]
+        == 2
+    )
 
 
 def test_policy_can_trust_trainers(api: str, conn: Any, world: dict[str, Any]) -> None:
@@ -257,14 +298,19 @@ def test_sql_roles_are_authors(conn: Any, world: dict[str, Any]) -> None:
     with conn.transaction():
         conn.execute("SET LOCAL ROLE cft_app")
         conn.execute("SELECT set_config('cft.tenant_id', %s, true)", (str(tid),))
-        conn.execute("UPDATE train.eval_result SET score = 0.95 WHERE adapter_id = %s", (cand,))
+        conn.execute(
+            "INSERT INTO train.eval_result (adapter_id, suite_id, metric, score)"
+            " VALUES (%s, 'tasks', 'accuracy', 0.95), (%s, 'heldout', 'loss', 0.1)",
+            (cand, cand),
+        )
+    app_author = f"sql role cft_app (session {owner})"
     rows = conn.execute(
-        "SELECT DISTINCT author FROM train.eval_result WHERE adapter_id = %s", (cand,)
+        "SELECT DISTINCT author FROM train.eval_result_latest WHERE adapter_id = %s", (cand,)
     ).fetchall()
-    assert rows == [{"author": f"sql role cft_app (session {owner})"}]
-    assert {
-        b["candidate_author"] for b in _blockers(conn, cand, world["prod"]) if b["suite_id"]
-    } == {f"sql role cft_app (session {owner})"}
+    assert {"author": app_author} in rows
+    # Newer, but by an author no rule trusts: the trusted results still count.
+    counted = {b["candidate_author"] for b in _blockers(conn, cand, world["prod"]) if b["suite_id"]}
+    assert app_author not in counted
 
 
 @pytest.fixture
@@ -300,17 +346,20 @@ def test_a_cft_app_login_cannot_forge_the_author(
                 " VALUES (%s, %s, %s, %s, 'evaluator', 'evaluator', NULL, 'evaluator')",
                 (cand, suite, metric, score),
             )
-        mallory.execute(
-            "UPDATE train.eval_result SET author_role = 'release', author_kind = 'key'"
-            " WHERE adapter_id = %s",
-            (cand,),
-        )
         # Nor can it read keys through the trigger's helper.
         assert (
             mallory.execute(
                 "SELECT * FROM train.key_author(%s)", (world["ids"]["release"],)
             ).fetchall()
             == []
+        )
+    # Nor rewrite the author afterwards: results are never updated.
+    with pytest.raises(psycopg.Error), mallory.transaction():
+        mallory.execute("SELECT set_config('cft.tenant_id', %s, true)", (str(tid),))
+        mallory.execute(
+            "UPDATE train.eval_result SET author_role = 'release', author_kind = 'key'"
+            " WHERE adapter_id = %s",
+            (cand,),
         )
     rows = conn.execute(
         "SELECT author_kind, author_role, author_key_id, author FROM train.eval_result"
@@ -337,7 +386,11 @@ def test_a_cft_app_login_cannot_forge_the_author(
         mallory.execute("SET LOCAL ROLE cft_app")
         mallory.execute("SELECT set_config('cft.tenant_id', %s, true)", (str(tid),))
         mallory.execute("SELECT set_config('cft.evaluator', 'forged', true)")
-        mallory.execute("UPDATE train.eval_result SET score = 0.98 WHERE adapter_id = %s", (cand,))
+        mallory.execute(
+            "INSERT INTO train.eval_result (adapter_id, suite_id, metric, score)"
+            " VALUES (%s, 'tasks', 'accuracy', 0.98)",
+            (cand,),
+        )
     assert _authors(conn, cand) == {("sql", "app")}
 
 
@@ -371,8 +424,9 @@ def test_a_key_of_another_tenant_cannot_author(conn: Any, world: dict[str, Any])
 
 def test_a_release_login_cannot_certify_its_own_promotion(conn: Any, world: dict[str, Any]) -> None:
     """The audit's door: as cft_release, raise a refused candidate's scores and lower the prod's,
-    then promote. The rewritten results are the release role's, which satisfy no required rule
-    by default: the gate still refuses, and the raw UPDATE promoting it fails."""
+    then promote. Results are facts: the UPDATE is refused; new results written instead are the
+    release role's, which satisfy no required rule by default: the gate still refuses, and the
+    raw UPDATE promoting it fails."""
     cand, prod = world["cand"], world["prod"]
     conn.execute(
         "INSERT INTO train.eval_result (adapter_id, suite_id, metric, score) VALUES"
@@ -380,12 +434,28 @@ def test_a_release_login_cannot_certify_its_own_promotion(conn: Any, world: dict
         (cand, cand),
     )
     assert _blockers(conn, cand, prod)  # refused on its merits
+    for sql in (
+        "UPDATE train.eval_result SET score = 0.99 WHERE adapter_id = %s",
+        "DELETE FROM train.eval_result WHERE adapter_id = %s",
+    ):
+        with pytest.raises(psycopg.errors.InsufficientPrivilege), conn.transaction():
+            conn.execute("SET LOCAL ROLE cft_release")
+            conn.execute(sql, (prod,))
     with conn.transaction():
         conn.execute("SET LOCAL ROLE cft_release")
-        conn.execute("UPDATE train.eval_result SET score = 0.99 WHERE adapter_id = %s", (cand,))
-        conn.execute("UPDATE train.eval_result SET score = 0.01 WHERE adapter_id = %s", (prod,))
+        conn.execute(
+            "INSERT INTO train.eval_result (adapter_id, suite_id, metric, score) VALUES"
+            " (%s, 'tasks', 'accuracy', 0.99), (%s, 'heldout', 'loss', 0.01),"
+            " (%s, 'tasks', 'accuracy', 0.01), (%s, 'heldout', 'loss', 9.9)",
+            (cand, cand, prod, prod),
+        )
+    # The release role's newer results are kept, but the trusted ones still count: refused on
+    # the same merits, with the same scores.
     refused = _blockers(conn, cand, prod)
-    assert any("whom this rule does not trust" in (b["reason"] or "") for b in refused), refused
+    assert sorted((b["metric"], float(b["candidate_score"])) for b in refused) == [
+        ("accuracy", 0.1),
+        ("loss", 9.0),
+    ], refused
     with pytest.raises(psycopg.Error), conn.transaction():
         conn.execute("SET LOCAL ROLE cft_release")
         conn.execute("SELECT set_config('cft.reason', 'looks good', true)")

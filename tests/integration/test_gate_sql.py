@@ -118,7 +118,7 @@ def test_unpolicied_suite_is_compared_by_the_default_rule(conn, bare):
     with pytest.raises(psycopg.errors.CheckViolation, match="default rule"):
         promote(conn, bare["cand"])
     # Within the default 2 %: compared and passed.
-    conn.execute("UPDATE train.eval_result SET score = 0.89 WHERE adapter_id = %s", (bare["cand"],))
+    result(conn, bare["cand"], "house-style", "pass_rate", 0.89)  # a correction: the newest counts
     assert can(conn, bare["cand"], bare["prod"]) is True
     promote(conn, bare["cand"])
     assert prods(conn, bare["route"]["name"]) == [bare["cand"]]
@@ -190,9 +190,9 @@ def test_tolerance_is_relative_to_the_absolute_score_and_sane_at_zero(conn):
     result(conn, b, "reward", "margin", -11.1)  # beyond (the seed's p * 0.98 would allow it)
     result(conn, c, "reward", "margin", -9)
     assert (can(conn, a, prod), can(conn, b, prod), can(conn, c, prod)) == (True, False, True)
-    conn.execute("UPDATE train.eval_result SET score = 0 WHERE adapter_id = %s", (prod,))
+    result(conn, prod, "reward", "margin", 0)
     assert can(conn, a, prod) is False  # at 0 no regression is tolerated
-    conn.execute("UPDATE train.eval_result SET score = 0 WHERE adapter_id = %s", (a,))
+    result(conn, a, "reward", "margin", 0)
     assert can(conn, a, prod) is True
 
 
@@ -207,18 +207,17 @@ def test_failed_candidate_scores_are_refused(conn, world, score):
 def test_incomparable_results_are_refused(conn, world):
     result(conn, world["cand"], "tasks", "accuracy", 0.9, judge="judge-b")
     result(conn, world["cand"], "heldout", "loss", 1.0)
-    conn.execute(
-        "UPDATE train.eval_result SET judge_model = 'judge-a' WHERE adapter_id = %s"
-        " AND metric = 'accuracy'",
+    prod_accuracy = conn.execute(
+        "SELECT score FROM train.eval_result_counted WHERE adapter_id = %s AND metric = 'accuracy'",
         (world["prod"],),
-    )
+    ).fetchone()["score"]
+    result(conn, world["prod"], "tasks", "accuracy", prod_accuracy, judge="judge-a")
     assert "judged by different models" in reasons(conn, world["cand"], world["prod"])[0]
-    # The current prod lacks a required metric: nothing to compare like for like.
-    conn.execute("UPDATE train.eval_result SET judge_model = 'judge-a' WHERE metric = 'accuracy'")
-    conn.execute(
-        "DELETE FROM train.eval_result WHERE adapter_id = %s AND metric = 'loss'", (world["prod"],)
-    )
-    assert "current adapter has no result" in reasons(conn, world["cand"], world["prod"])[0]
+    # The current adapter lacks a required metric: nothing to compare like for like.
+    result(conn, world["cand"], "tasks", "accuracy", 0.9, judge="judge-a")
+    lacking = make_adapter(conn, route=world["route"])["id"]
+    result(conn, lacking, "tasks", "accuracy", prod_accuracy, judge="judge-a")
+    assert "current adapter has no result" in reasons(conn, world["cand"], lacking)[0]
 
 
 def test_missing_adapters_other_route_and_other_base_are_refused(conn, world):
@@ -506,7 +505,7 @@ def test_cli_can_promote_exit_codes_and_reasons(db_url, conn, world):
     assert refused.returncode == 1, refused.stderr
     assert "tasks/accuracy (higher is better): regression" in refused.stdout
     assert "heldout/loss" in refused.stdout
-    conn.execute("UPDATE train.eval_result SET score = 0.9 WHERE adapter_id = %s", (world["cand"],))
+    result(conn, world["cand"], "tasks", "accuracy", 0.9)
     result(conn, world["cand"], "heldout", "loss", 1.0)
     allowed = cli("can-promote", world["cand"])  # CURRENT defaults to the route's prod
     assert allowed.returncode == 0 and "allowed" in allowed.stdout

@@ -233,7 +233,10 @@ def test_judge_calibration_is_stored_and_enforced(
     set_min(max(-1.0, kappa - 0.01))
     # A result judged with another rubric is not covered by this calibration.
     conn.execute(
-        "UPDATE train.eval_result SET rubric_version = 'other' WHERE adapter_id = %s", (cand,)
+        "INSERT INTO train.eval_result (adapter_id, suite_id, metric, score, judge_model,"
+        " rubric_version) SELECT adapter_id, suite_id, metric, score, judge_model, 'other'"
+        " FROM train.eval_result_counted WHERE adapter_id = %s",
+        (cand,),
     )
     assert "has no calibration" in _blockers(conn, cand)[0]
 

@@ -263,8 +263,10 @@ SEED_QUERIES = [
        AVG(CASE WHEN fb_regen THEN 1 ELSE 0 END) AS regen_rate
      FROM obs.inference_log WHERE experiment = 'exp' AND created_at > now() - interval '7 days'
      GROUP BY adapter_id""",
-    # Eval gate comparison (the body of the seed's can_promote).
-    """SELECT NOT EXISTS (SELECT 1 FROM train.eval_result c JOIN train.eval_result p USING (suite_id, metric)
+    # Eval gate comparison (the body of the seed's can_promote), over the results that count
+    # (results are facts: a correction is a new row).
+    """SELECT NOT EXISTS (SELECT 1 FROM train.eval_result_counted c
+       JOIN train.eval_result_counted p USING (suite_id, metric)
        WHERE c.adapter_id = 'v4.2' AND p.adapter_id = 'v4.1'
          AND suite_id IN ('safety-es','support-helpfulness','refusal-rate') AND c.score < p.score * 0.98)""",
     # Promotion and rollback as the seed writes them.
@@ -343,7 +345,10 @@ def test_seed_gate_comparison_and_promotion_run_unmodified(conn):
     assert conn.execute(gate).fetchone() == {"?column?": False}  # 0.80 < 0.90 * 0.98
     with pytest.raises(psycopg.errors.CheckViolation):
         conn.execute(promote)
-    conn.execute("UPDATE train.eval_result SET score = 0.89 WHERE adapter_id = 'v4.2'")
+    conn.execute(
+        "INSERT INTO train.eval_result (adapter_id, suite_id, metric, score)"
+        " VALUES ('v4.2', 'safety-es', 'score', 0.89)"
+    )
     assert conn.execute(gate).fetchone() == {"?column?": True}
     assert conn.execute(promote).rowcount == 1
     status = "SELECT id, status FROM serve.adapter WHERE route = %s ORDER BY id"

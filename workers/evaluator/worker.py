@@ -378,14 +378,19 @@ def _engine_generate(client: httpx.Client, model_name: str) -> scoring.Generate:
 
 
 def _has(
-    conn: psycopg.Connection[Any], adapter_id: str, suite: str, metric: str | None = None
+    conn: psycopg.Connection[Any],
+    adapter_id: str,
+    suite: str,
+    metric: str | None = None,
+    *,
+    finite_only: bool = True,
 ) -> bool:
     row = conn.execute(
         # Only a trusted author's result counts as there (an untrusted one is scored again).
         "SELECT 1 FROM train.eval_result WHERE adapter_id = %s AND suite_id = %s"
-        " AND (%s::text IS NULL OR metric = %s) AND score <> 'NaN'"
+        " AND (%s::text IS NULL OR metric = %s) AND (NOT %s OR score <> 'NaN')"
         " AND author_role = ANY (train.default_trusted_authors()) LIMIT 1",
-        (adapter_id, suite, metric, metric),
+        (adapter_id, suite, metric, metric, finite_only),
     ).fetchone()
     return row is not None
 
@@ -397,26 +402,21 @@ def _write(
     *,
     replace: bool,
 ) -> None:
-    """Upsert one adapter's scores (replace=False: only where no trusted author's result is);
-    NaN is written as NaN so the gate refuses it. Computed metrics have no judge_model."""
+    """Record one adapter's scores as new results (replace=False: only where no trusted author's
+    result is). Results are facts: a rescore is a new row, and the newest counts. NaN is written
+    as NaN so the gate refuses it. Computed metrics have no judge_model."""
     for suite, metrics in by_suite.items():
         judge_model = metrics.get("_judge_model") or None
         rubric_version = metrics.get("_rubric_version")
         for metric, score in metrics.items():
             if metric.startswith("_") or metric in ("n", "passed"):
                 continue
+            if not replace and _has(conn, adapter_id, suite, metric, finite_only=False):
+                continue
             conn.execute(
                 "INSERT INTO train.eval_result"
                 " (adapter_id, suite_id, metric, score, judge_model, rubric_version)"
-                " VALUES (%s, %s, %s, %s, %s, %s) ON CONFLICT (adapter_id, suite_id, metric)"
-                " DO UPDATE SET score = EXCLUDED.score, judge_model = EXCLUDED.judge_model,"
-                " rubric_version = EXCLUDED.rubric_version, judged_at = now()"
-                + (
-                    ""
-                    if replace
-                    else " WHERE NOT (train.eval_result.author_role"
-                    " = ANY (train.default_trusted_authors()))"
-                ),
+                " VALUES (%s, %s, %s, %s, %s, %s)",
                 (adapter_id, suite, metric, float(score), judge_model, rubric_version),
             )
 

@@ -1,10 +1,12 @@
--- One score of one adapter, with who wrote it and the judge's rubric version. The author columns
--- are set by the database from the writing session (train/eval_author.sql), never by the writer;
--- rubric_version (a judge-scored result: which rubric the judge applied) is the writer's.
+-- One score of one adapter, with who wrote it and the judge's rubric version: a fact, never
+-- updated or deleted (a correction is a new row; the newest per author counts). The author
+-- columns and judged_at are set by the database from the writing session (train/eval_author.sql),
+-- never by the writer; rubric_version (a judge-scored result: which rubric the judge applied) is
+-- the writer's.
 CREATE TABLE train.eval_result (
-  adapter_id  text REFERENCES serve.adapter(id),
-  suite_id    text,
-  metric      text,
+  adapter_id  text NOT NULL REFERENCES serve.adapter(id),
+  suite_id    text NOT NULL,
+  metric      text NOT NULL,
   score       numeric,
   judge_model text,
   judged_at   timestamptz DEFAULT now(),
@@ -13,5 +15,6 @@ CREATE TABLE train.eval_result (
   author_key_id bigint,
   author      text NOT NULL,
   rubric_version text,
-  PRIMARY KEY (adapter_id, suite_id, metric)
+  id          bigint GENERATED ALWAYS AS IDENTITY PRIMARY KEY
 );
+CREATE INDEX eval_result_newest ON train.eval_result (adapter_id, suite_id, metric, judged_at DESC, id DESC);
