@@ -11,7 +11,7 @@ from app import __version__, health
 from app.adapters import router as adapters_router
 from app.core import errors
 from app.core.config import Settings, get_settings
-from app.core.db import database_url, make_pool
+from app.core.db import api_database_url, database_url, make_pool
 from app.core.limits import BodyLimitMiddleware
 from app.core.metrics import MetricsMiddleware, serve_metrics
 from app.core.ratelimit import RateLimits
@@ -51,7 +51,8 @@ def create_app(
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
-        url = db_url or database_url(settings)
+        # The whole API process logs in as cft_api, never as the schema's superuser.
+        url = api_database_url(db_url or database_url(settings), settings)
         app.state.settings = settings
         app.state.db_url = url
         app.state.pool = make_pool(url, size=settings.db_pool_size)

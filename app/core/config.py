@@ -37,6 +37,17 @@ class Settings(BaseSettings):
         SecretStr(""),
         description="HMAC key for user pseudonyms; generated under CFT_HOME if empty.",
     )
+    api_database_url: str | None = Field(
+        None,
+        description="URL the API process (control plane and router) logs in with; unset ="
+        " CFT_DATABASE_URL (or the embedded server) as cft_api, a login role `cft migrate`"
+        " creates that is not a superuser.",
+    )
+    api_db_password: SecretStr = Field(
+        SecretStr(""),
+        description="Password `cft migrate` sets on the cft_api login; needed where the server"
+        " asks for one (the embedded server trusts local logins).",
+    )
     db_pool_size: int = Field(10, description="Connections in the API's pool.")
     log_retention_days: int = Field(90, description="Partitions older than this are dropped.")
     partitions_ahead_weeks: int = Field(4, description="Weekly partitions created ahead of now.")

@@ -7,6 +7,7 @@ from contextlib import contextmanager
 from typing import Any
 
 import psycopg
+from psycopg.conninfo import conninfo_to_dict, make_conninfo
 from psycopg.rows import dict_row
 from psycopg_pool import ConnectionPool
 
@@ -31,6 +32,29 @@ def database_url(settings: Settings | None = None, *, start: bool = True) -> str
     if st.url is None:
         raise RuntimeError(f"the embedded database at {settings.pgdata} is not running (cft db up)")
     return st.url
+
+
+# The API process's login: not a superuser, a member of cft_owner (sql/state/core/roles.sql).
+API_ROLE = "cft_api"
+
+
+def api_database_url(url: str, settings: Settings | None = None) -> str:
+    """The URL the API process logs in with: CFT_API_DATABASE_URL, else `url` as cft_api.
+
+    A request transaction runs as cft_app (row-level security); RESET ROLE inside one returns
+    to cft_api, which owns cft's schema through cft_owner but is no superuser: no server files,
+    no programs, no other databases' roles.
+    """
+    settings = settings or get_settings()
+    if settings.api_database_url:
+        return settings.api_database_url
+    params = conninfo_to_dict(url)
+    params.pop("password", None)
+    params["user"] = API_ROLE
+    password = settings.api_db_password.get_secret_value()
+    if password:
+        params["password"] = password
+    return make_conninfo("", **params)
 
 
 def connect(url: str | None = None, *, autocommit: bool = False) -> Connection:

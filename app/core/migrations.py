@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any
 
 import psycopg
+import psycopg.sql
 
 from app.core.config import get_settings
 from app.core.sqlfiles import SQL_DIR, apply_files, code_files, render, state_files
@@ -81,41 +82,67 @@ def run(
     code = {p: _sha256(render(p, embedding_dim=dim, root=sql_dir)) for p in code_files(sql_dir)}
     with psycopg.connect(url) as conn:
         conn.execute("SELECT pg_advisory_xact_lock(%s)", (LOCK_KEY,))
-        fresh = _is_empty(conn)
-        conn.execute(TRACKING_DDL)
-        if fresh:
-            apply_files(conn, state_files(sql_dir), embedding_dim=dim, sql_dir=sql_dir)
-            apply_files(conn, list(code), embedding_dim=dim, sql_dir=sql_dir)
-            conn.execute(FIRST_PARTITIONS)
-            for name in names:
-                _record(conn, "state", name, render(name, embedding_dim=dim, root=migrations_dir))
-            _record_code(conn, code)
-            return Outcome(created=True, migrations=tuple(names), code=())
-        _adopt_alembic(conn, names, migrations_dir=migrations_dir, dim=dim)
-        applied = _recorded(conn, "state")
-        unknown = sorted(set(applied) - set(names))
-        if unknown:
-            raise RuntimeError(
-                f"the database has migrations this cft does not know ({', '.join(unknown)}):"
-                " it was migrated by a newer cft; run that one"
-            )
-        pending = [name for name in names if name not in applied]
-        recorded = _recorded(conn, "code")
-        changed = sorted(p for p in code.keys() | recorded.keys() if code.get(p) != recorded.get(p))
-        if not pending and not changed:
-            return Outcome(created=False, migrations=(), code=())
-        conn.execute(DROP_CODE.read_text())
-        conn.execute("SELECT pg_temp.drop_code(%s)", (list(SCHEMAS),))
-        for name in pending:
-            text = render(name, embedding_dim=dim, root=migrations_dir)
-            try:
-                conn.execute(text)
-            except Exception as exc:
-                raise RuntimeError(f"migrations/{name} failed: {exc}") from exc
-            _record(conn, "state", name, text)
+        outcome = _migrate(
+            conn, names, code, dim=dim, sql_dir=sql_dir, migrations_dir=migrations_dir
+        )
+        _set_api_password(conn)
+        return outcome
+
+
+def _set_api_password(conn: psycopg.Connection[Any]) -> None:
+    """Give the API's login (cft_api) CFT_API_DB_PASSWORD, when one is set."""
+    password = get_settings().api_db_password.get_secret_value()
+    if password:
+        conn.execute(
+            psycopg.sql.SQL("ALTER ROLE cft_api PASSWORD {}").format(psycopg.sql.Literal(password))
+        )
+
+
+def _migrate(
+    conn: psycopg.Connection[Any],
+    names: list[str],
+    code: dict[str, str],
+    *,
+    dim: int,
+    sql_dir: Path,
+    migrations_dir: Path,
+) -> Outcome:
+    """What run() does under its lock, in its transaction."""
+    fresh = _is_empty(conn)
+    conn.execute(TRACKING_DDL)
+    if fresh:
+        apply_files(conn, state_files(sql_dir), embedding_dim=dim, sql_dir=sql_dir)
         apply_files(conn, list(code), embedding_dim=dim, sql_dir=sql_dir)
+        conn.execute(FIRST_PARTITIONS)
+        for name in names:
+            _record(conn, "state", name, render(name, embedding_dim=dim, root=migrations_dir))
         _record_code(conn, code)
-        return Outcome(created=False, migrations=tuple(pending), code=tuple(changed))
+        return Outcome(created=True, migrations=tuple(names), code=())
+    _adopt_alembic(conn, names, migrations_dir=migrations_dir, dim=dim)
+    applied = _recorded(conn, "state")
+    unknown = sorted(set(applied) - set(names))
+    if unknown:
+        raise RuntimeError(
+            f"the database has migrations this cft does not know ({', '.join(unknown)}):"
+            " it was migrated by a newer cft; run that one"
+        )
+    pending = [name for name in names if name not in applied]
+    recorded = _recorded(conn, "code")
+    changed = sorted(p for p in code.keys() | recorded.keys() if code.get(p) != recorded.get(p))
+    if not pending and not changed:
+        return Outcome(created=False, migrations=(), code=())
+    conn.execute(DROP_CODE.read_text())
+    conn.execute("SELECT pg_temp.drop_code(%s)", (list(SCHEMAS),))
+    for name in pending:
+        text = render(name, embedding_dim=dim, root=migrations_dir)
+        try:
+            conn.execute(text)
+        except Exception as exc:
+            raise RuntimeError(f"migrations/{name} failed: {exc}") from exc
+        _record(conn, "state", name, text)
+    apply_files(conn, list(code), embedding_dim=dim, sql_dir=sql_dir)
+    _record_code(conn, code)
+    return Outcome(created=False, migrations=tuple(pending), code=tuple(changed))
 
 
 def _sha256(text: str) -> str:

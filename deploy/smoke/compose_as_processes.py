@@ -333,6 +333,7 @@ class Stack:
             install.write_blocker(self.workdir / "blockers" / image, image)
         self._write_env(
             POSTGRES_PASSWORD=secrets.token_urlsafe(12),
+            CFT_API_DB_PASSWORD=secrets.token_urlsafe(12),
             MINIO_ROOT_PASSWORD=secrets.token_urlsafe(12),
             CFT_USER_HASH_SECRET=secrets.token_urlsafe(24),
             # No model hub here: the bundled model, converted, at a path every service reads.

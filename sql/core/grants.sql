@@ -1,4 +1,8 @@
 -- Privileges of the PostgreSQL roles created in core/roles.sql.
+
+-- The API's login acts as the owner (core/ownership.sql) and, per request, as one of the roles
+-- below (SET LOCAL ROLE).
+GRANT cft_owner, cft_app, cft_release, cft_dashboard TO cft_api;
 GRANT USAGE ON SCHEMA obs, serve, train, auth TO cft_app, cft_release, cft_dashboard;
 
 -- cft_app: what the API does on behalf of one tenant (rows limited by RLS).

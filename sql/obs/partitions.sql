@@ -51,6 +51,9 @@ BEGIN
   END IF;
   EXECUTE format('CREATE TABLE obs.%I (LIKE obs.inference_log INCLUDING DEFAULTS INCLUDING CONSTRAINTS)',
                  v_name);
+  -- Owned like its parent (cft_owner: core/ownership.sql), whoever creates it.
+  EXECUTE format('ALTER TABLE obs.%I OWNER TO %s', v_name,
+                 (SELECT c.relowner::regrole FROM pg_class c WHERE c.oid = 'obs.inference_log'::regclass));
   -- Move this week's stray rows with their ids: they keep their request keys.
   EXECUTE format(
     'WITH moved AS (DELETE FROM ONLY obs.inference_log_default

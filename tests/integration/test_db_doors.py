@@ -102,3 +102,42 @@ def test_every_security_definer_function_searches_pg_temp_last(conn):
         if not paths or not paths[0].replace(" ", "").endswith(",pg_temp"):
             bad.append((r["f"], paths))
     assert bad == []
+
+
+def test_the_api_logs_in_as_a_role_that_is_no_superuser(db_url: str) -> None:
+    """The API process's every connection is cft_api: RESET ROLE inside a request transaction
+    (what an injection would try) leaves a role with the schema owner's rights, not a
+    superuser's: no programs, no server files, no role changes."""
+    import httpx
+    import psycopg
+
+    from app.core.db import api_database_url
+    from app.main import create_app
+    from tests.support.servers import serve_app
+
+    with serve_app(create_app(db_url=db_url)) as base:
+        assert httpx.get(f"{base}/healthz", timeout=10).status_code == 200
+        with psycopg.connect(db_url) as admin:
+            superuser = admin.execute("SELECT current_user").fetchone()[0]
+            logins = admin.execute(
+                "SELECT DISTINCT a.usename, r.rolsuper FROM pg_stat_activity a"
+                "  JOIN pg_roles r ON r.oid = a.usesysid"
+                " WHERE a.datname = current_database() AND a.application_name LIKE 'cft-%'"
+            ).fetchall()
+    assert logins and all(login == ("cft_api", False) for login in logins), logins
+
+    with psycopg.connect(api_database_url(db_url)) as conn:
+        conn.execute("SET LOCAL ROLE cft_app")
+        conn.execute("RESET ROLE")
+        assert conn.execute("SELECT current_setting('is_superuser')").fetchone() == ("off",)
+        for attempt in (
+            "COPY (SELECT 1) TO PROGRAM 'true'",
+            "SELECT pg_read_file('/etc/hostname')",
+            "ALTER ROLE cft_api SUPERUSER",
+            f'SET ROLE "{superuser}"',
+        ):
+            with pytest.raises(psycopg.errors.InsufficientPrivilege), conn.transaction():
+                conn.execute(attempt)
+        # The owner's rights on cft's schema stay: the API reads every tenant's keys to
+        # authenticate, and writes what requests ask.
+        conn.execute("SELECT count(*) FROM auth.api_key").fetchone()
