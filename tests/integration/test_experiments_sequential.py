@@ -1,4 +1,4 @@
-"""Always-valid decisions (issue 21, items 1-3): the mSPRT in SQL, guards, the watch after a
+"""Always-valid decisions (docs/experiments.md): the mSPRT in SQL, guards, the watch after a
 promotion, and an auto-policy that no longer promotes on an early peek."""
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""Router faults (issue 11) with real processes: an engine killed mid-stream, and the route
+"""Router faults with real processes: an engine killed mid-stream, and the route
 table's LISTEN connection dropped while traffic flows.
 
 test_reconciler.py covers an engine stopped cleanly between calls and restarted;

@@ -1,4 +1,4 @@
-"""Security (issue 11), against the real app on loopback, a real engine and real PostgreSQL:
+"""Security, against the real app on loopback, a real engine and real PostgreSQL:
 
 - every endpoint admits exactly the roles it declares (introspected from the app, so a new
   endpoint is swept too) and answers 403 in the OpenAI error shape to the others;
