@@ -80,10 +80,6 @@ class RouterRuntime:
         # so one LRU serves every tenant.
         self._user_keys = lru_cache(maxsize=USER_CACHE)(lambda u: user_hash(u, secret).hex())
 
-    def hash_user(self, user: str) -> bytes:
-        """The user's pseudonym (also the key of the canary split)."""
-        return bytes.fromhex(self._user_keys(user))
-
     def user_key(self, user: str) -> str:
         """The user's pseudonym in hex: the key of the canary split (`serve.assign_adapter`)."""
         return self._user_keys(user)

@@ -466,10 +466,11 @@ def test_rollback_function_restores_the_previous_prod(conn, world):
 
 def test_retiring_prod_by_raw_sql_restores_the_previous_prod(conn, world):
     _promoted_world(conn, world)
-    conn.execute(
-        "UPDATE serve.adapter SET status='retired', traffic_pct=0 WHERE id=%s", (world["cand"],)
-    )
+    # Naming no share takes the retired adapter out of traffic.
+    conn.execute("UPDATE serve.adapter SET status='retired' WHERE id=%s", (world["cand"],))
     assert prods(conn, world["route"]["name"]) == [world["prod"]]
+    row = conn.execute("SELECT traffic_pct FROM serve.adapter WHERE id = %s", (world["cand"],))
+    assert row.fetchone()["traffic_pct"] == 0
     # A tainted previous prod is not restored: the route is left without prod.
     conn.execute("UPDATE serve.adapter SET status='candidate' WHERE id=%s", (world["cand"],))
     promote(conn, world["cand"])
