@@ -47,12 +47,12 @@ fuzz: $(STAMP)
 	CFT_FUZZ_EXAMPLES=100 CFT_FUZZ_MIN_CASES=10000 CFT_FUZZ_RANDOM=1 \
 		$(PY) -m pytest -q -p no:cacheprovider -s tests/integration/test_fuzz_api.py
 
-# Bounded load on loopback: POST /v1/logs + feedback for 30 s, error rate and p99 (issue 11).
+# Bounded load on loopback: POST /v1/logs + feedback for 30 s, error rate and p99 (BENCHMARKS.md "Load").
 load: $(STAMP)
 	$(PY) bench/load.py --seconds 30
 
 # Soak: ingest + feedback + router calls (stub backend) at fixed rates for 10 minutes; p50/p99,
-# error rate, and every acknowledged request id reconciled against obs.inference_log (issue 11).
+# error rate, and every acknowledged request id reconciled against obs.inference_log (BENCHMARKS.md "Soak").
 soak: $(STAMP)
 	$(PY) bench/soak.py --seconds 600
 

@@ -1,7 +1,7 @@
 """Dataset snapshot benchmark: KTO and DPO snapshots (exact + semantic dedup) over synthetic
 traffic with embeddings, next to a plain `COPY (SELECT ...) TO` of the same rows (the floor).
 
-    .venv/bin/python bench/datasets.py                 # 1,000,000 log rows (issue 4)
+    .venv/bin/python bench/datasets.py                 # 1,000,000 log rows
     .venv/bin/python bench/datasets.py --rows 100000
     .venv/bin/python bench/datasets.py --rows 100000 --pgdata /tmp/b100k
         # keep the loaded database; a second run with the same --pgdata skips the setup

@@ -1,4 +1,4 @@
-"""Past one GPU (issue 25): two trainers draining a queue, and one run across two GPUs.
+"""Past one GPU (docs/scaling.md, "Trainers on many GPUs"): two trainers draining a queue, and one run across two GPUs.
 
 Part `queue`: four SFT runs on a random-init ~1.1B Llama (the real SmolLM2 tokenizer) queued in
 train.training_run; `cft worker train --devices all` (one trainer per GPU) drains them, then the

@@ -1,15 +1,15 @@
-"""QLoRA SFT and DPO on one GPU: the seed runbook's exact configuration against cft's (issue 5, item 5).
+"""QLoRA SFT and DPO on one GPU: a common QLoRA recipe's exact configuration (the runbook) against cft's.
 
 Same random-init ~1.1B Llama-shaped model (real SmolLM2 tokenizer), same synthetic chat data with realistic
-variable lengths, each configuration in a fresh process of one device call. The runbook is the seed's script
-(raw TRL, its settings verbatim); every cft candidate is a set of hyperparameters that POST /v1/training-runs
-accepts, trained by `workers.trainer.train.train_adapter` (the worker's code path). Printed per configuration:
-tokens/s (non-pad tokens, warm-up steps dropped; for DPO with a precomputed reference pass, the timed steps'
-share of that pass is added to their time), seconds per optimizer step, and peak VRAM
+variable lengths, each configuration in a fresh process of one device call. The runbook is a plain TRL script
+with the recipe's settings verbatim (RUNBOOK and COMMON below); every cft candidate is a set of hyperparameters
+that POST /v1/training-runs accepts, trained by `workers.trainer.train.train_adapter` (the worker's code path).
+Printed per configuration: tokens/s (non-pad tokens, warm-up steps dropped; for DPO with a precomputed
+reference pass, the timed steps' share of that pass is added to their time), seconds per optimizer step, and peak VRAM
 (torch.cuda.max_memory_allocated over the whole run: model load, reference precompute and training).
 "best" is the fastest candidate whose peak is <= the runbook's.
 
-`--peers unsloth` adds Unsloth's QLoRA (issue 26, item 4): FastLanguageModel in 4-bit (NF4 + double quant, bf16
+`--peers unsloth` adds Unsloth's QLoRA: FastLanguageModel in 4-bit (NF4 + double quant, bf16
 compute) with the same LoRA (r 8, alpha 16, q/k/v/o; dropout 0.05 as the runbook and cft, and Unsloth's own
 fast path at dropout 0), the same data, lr schedule, optimizer and ~16 examples per optimizer step, trained by
 TRL's trainers as Unsloth patches them. Unsloth pins trl<=1.15, so its processes put `--unsloth-site` (a
@@ -97,7 +97,7 @@ WORDS = [
     "loss",
 ]
 
-# The seed runbook (shared/seeds/002_*.txt, "Phase 2"): everything it fixes, verbatim.
+# The runbook: a common QLoRA recipe's fixed settings, verbatim (cft's defaults started from them).
 RUNBOOK = {
     "per_device_train_batch_size": 1,
     "gradient_accumulation_steps": 16,
@@ -148,10 +148,11 @@ SFT_CANDIDATES: dict[str, dict[str, Any]] = {
         activation_offloading=True,
     ),
     "default": dict(),
-    # the default with the runbook's LoRA dropout (issue 26 round 1 defaulted to it)
+    # the default with the runbook's LoRA dropout (cft's default before round 2)
     "dropout005": dict(dropout=0.05),
-    # Issue 26 round 2 (keys starting with "_" are bench knobs, not hyperparameters: `_lm_head_tile` sets
-    # workers.trainer.trl_factory.LM_HEAD_TILE, TRL's own is 32768; `_profile` profiles one optimizer step).
+    # Rounds of BENCHMARKS.md, "QLoRA against Unsloth on the GPU". Round 2 (keys starting with "_" are
+    # bench knobs, not hyperparameters: `_lm_head_tile` sets workers.trainer.trl_factory.LM_HEAD_TILE,
+    # TRL's own is 32768; `_profile` profiles one optimizer step).
     # Round 1's default (1024-token rows, ga 8, TRL's tile) at dropout 0:
     "d0-pack1024-tile32k": dict(max_length=1024, grad_accum=8, _lm_head_tile=32768),
     "d0-pack2048-tile32k": dict(max_length=2048, grad_accum=4, _lm_head_tile=32768),
@@ -160,7 +161,7 @@ SFT_CANDIDATES: dict[str, dict[str, Any]] = {
     "d0-pack2048-no-offload": dict(max_length=2048, grad_accum=4, activation_offloading=False),
     "default-profile": dict(max_steps=4, _profile=True),
     "d0-pack1024": dict(max_length=1024, grad_accum=8),
-    # Issue 26 round 4: what each CUDA default costs or buys at today's row length
+    # round 4: what each CUDA default costs or buys at today's row length
     "d0-no-offload": dict(activation_offloading=False),
     "d0-no-ckpt-offload": dict(gradient_checkpointing=False),
     "d0-no-liger": dict(use_liger_kernel=False),
@@ -516,7 +517,7 @@ def result(
 
 
 def run_runbook(method: str, model_path: str, tok, rows, steps: int, warmup: int) -> dict[str, Any]:
-    """The seed runbook's script, verbatim in every setting it fixes (raw TRL, no cft code)."""
+    """The runbook's script, verbatim in every setting it fixes (raw TRL, no cft code)."""
     from datasets import Dataset
     from peft import LoraConfig
     from trl import DPOConfig, DPOTrainer, SFTConfig, SFTTrainer

@@ -1,4 +1,4 @@
-"""Load (issue 11): bounded mixed traffic on loopback, POST /v1/logs batches and feedback.
+"""Load (BENCHMARKS.md "Load (issue 11)"): bounded mixed traffic on loopback, POST /v1/logs batches and feedback.
 
 One fresh embedded PostgreSQL (fsync on), `cft`'s API under uvicorn (a subprocess), C clients
 for --seconds: each loops "log a batch of B records, then give feedback on one of them". Reports

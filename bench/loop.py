@@ -12,8 +12,8 @@ decides and promotes by itself. From the report (read from SQL) it prints:
   snapshot's source rows hold none of either), served by the promoted adapter after promotion,
   against the base's rate on rated rows while it served alone (observe);
 - the live thumbs-up of each canary arm and the loop's decision with its numbers.
-Targets (issue 20): feedback-to-live < 300 s at the default demo size on the 2-core machine;
-held-out positive-feedback rate >= base + 30 points.
+Targets (BENCHMARKS.md, "Loop: the loop runs itself (issue 20)"): feedback-to-live < 300 s at the
+default demo size on the 2-core machine; held-out positive-feedback rate >= base + 30 points.
 
     .venv/bin/python bench/loop.py [--quick]
 """

@@ -6,12 +6,12 @@ loaded, cft router). Each round inserts a candidate with a better eval score, pr
 raw SQL, and right after COMMIT returns sends requests back to back until X-Cft-Adapter names
 it. Usage: python bench/promotion.py [--rounds 50] [--json FILE]
 
-Where the time goes (issue 26): a second LISTEN connection in this process notes when each
-NOTIFY cft_adapter arrives (relative to the COMMIT's return: delivery can beat it; the router's
-cft_route is sent at the same COMMIT), and each round counts the calls that still got the old
-adapter and times the routed call itself: COMMIT -> routed minus that call is the time the
-router took to learn of the change (0 when the first call after COMMIT was routed). --json
-writes every round's numbers. --trees A,B runs this bench from each tree's own copy
+Where the time goes (BENCHMARKS.md, "Promotion COMMIT → routed (item 5b)"): a second LISTEN
+connection in this process notes when each NOTIFY cft_adapter arrives (relative to the COMMIT's
+return: delivery can beat it; the router's cft_route is sent at the same COMMIT), and each round
+counts the calls that still got the old adapter and times the routed call itself: COMMIT ->
+routed minus that call is the time the router took to learn of the change (0 when the first call
+after COMMIT was routed). --json writes every round's numbers. --trees A,B runs this bench from each tree's own copy
 (bench/promotion.py there, so each tree's router and SQL) in turn, alternating the order each
 cycle, and prints each run with the load average and every tree's rounds pooled:
 

@@ -20,7 +20,7 @@ Two measurements per concurrency C:
 - closed loop: C clients send back to back; gives the maximum requests/s.
 Added latency = percentile(router) - percentile(direct).
 
-With --litellm (issue 26) a third side joins the same alternating slices: LiteLLM's proxy
+With --litellm a third side joins the same alternating slices: LiteLLM's proxy
 (`litellm --config cfg.yaml --num_workers 1`, master key, no database, `model_list` pointing at
 the same stub), installed by this bench into its own virtual environment under bench/.peers/
 (git-ignored; `pip install 'litellm[proxy]'`, ~2 min the first time, never into cft's deps).
@@ -31,7 +31,8 @@ no time for are counted as "unsent", and latency (from the scheduled time) shows
 Usage: python bench/router.py [--seconds 10] [--slices 4] [--open 1x100,50x10,200x2.5]
        [--closed 1,50,200] [--no-pin] [--client-costs] [--litellm]
 (--client-costs also times one call of httpx, aiohttp and the raw protocol against the stub.)
-Issue 26's run: python bench/router.py --litellm --open 1x10,3x10,50x10 --closed ''
+BENCHMARKS.md, "Router against LiteLLM (issue 26)", ran:
+    python bench/router.py --litellm --open 1x10,3x10,50x10 --closed ''
 """
 
 from __future__ import annotations

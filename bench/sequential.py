@@ -1,4 +1,5 @@
-"""Proof by simulation of the experiment policy's decision rule (issue 21, item 2).
+"""Proof by simulation of the experiment policy's decision rule (BENCHMARKS.md, "Sequential
+decisions (issue 21)").
 
 Thousands of experiments on the thumbs-up rate, each checked after every batch of users, as the
 experiments worker does:

@@ -1,4 +1,4 @@
-"""Soak (issue 11): mixed traffic at a fixed rate for a fixed time, then a reconciliation.
+"""Soak (BENCHMARKS.md "Soak (issue 11)"): mixed traffic at a fixed rate for a fixed time, then a reconciliation.
 
 The stack is bench/router.py's: a fresh embedded PostgreSQL (fsync on), the stub OpenAI backend
 (answers at once: this measures cft, not a model) and cft's API under uvicorn with

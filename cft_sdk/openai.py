@@ -31,9 +31,6 @@ from cft_sdk.ids import new_request_id
 T = TypeVar("T")
 log = logging.getLogger("cft_sdk")
 
-# Passed to create() these configure the record, and are removed before the call.
-CFT_KWARGS = ("cft_request_id", "cft_route", "cft_parent_request_id", "cft_experiment")
-
 
 def wrap(
     client: T,
@@ -115,6 +112,7 @@ class _Call:
 
     def __init__(self, d: _Defaults, kwargs: dict[str, Any]) -> None:
         self.d = d
+        # These configure the record and are removed before the call.
         self.request_id = str(kwargs.pop("cft_request_id", None) or new_request_id())
         self.route = kwargs.pop("cft_route", None) or d.route
         self.parent = kwargs.pop("cft_parent_request_id", None)

@@ -14,9 +14,6 @@ from psycopg_pool import ConnectionPool
 from app.core import embedded, migrations
 from app.core.config import Settings, get_settings
 
-# Embedded server settings: small machine, durable data (fsync stays on outside tests).
-EMBEDDED_TUNING = {"max_connections": "200", "timezone": "UTC"}
-
 Connection = psycopg.Connection[Any]
 Pool = ConnectionPool[Any]
 

@@ -44,7 +44,7 @@ LOG_REJECTED = Counter(
     registry=REGISTRY,
 )
 
-# Router (issue 8).
+# The gateway (docs/serving.md).
 ROUTER_ACTIVE_ADAPTERS = Gauge(
     "cft_router_active_adapters",
     "Adapters of serve.adapter loaded on each engine (as last reconciled)",
@@ -119,7 +119,7 @@ LOG_QUEUE_DEPTH = Gauge(
 )
 
 
-# The loop (issue 20): `cft worker loop` serves these with --metrics-port.
+# The loop (docs/loop.md): `cft worker loop` serves these with --metrics-port.
 LOOP_CYCLES_STARTED = Counter(
     "cft_loop_cycles_started_total",
     "Loop cycles started, by trigger",

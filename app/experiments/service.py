@@ -154,20 +154,6 @@ def metrics(
     }
 
 
-def canary_decisions(conn: Connection, *, route: str) -> list[dict[str, Any]]:
-    """Always-valid decision per canary of a route (serve.canary_decision); reads only."""
-    rows = conn.execute("SELECT * FROM serve.canary_decision(%s)", (route,)).fetchall()
-    return list(rows)
-
-
-def watch_decision(
-    conn: Connection, *, route: str, window: timedelta | None = None
-) -> dict[str, Any] | None:
-    """The watch of a route's prod since its promotion (serve.watch_decision); reads only."""
-    row = conn.execute("SELECT * FROM serve.watch_decision(%s, %s)", (route, window)).fetchone()
-    return dict(row) if row is not None else None
-
-
 def run_policy(conn: Connection, *, route: str) -> list[dict[str, Any]]:
     """Apply the route's experiment policy now (serve.experiment_autopolicy); its decisions."""
     rows = conn.execute("SELECT * FROM serve.experiment_autopolicy(%s)", (route,)).fetchall()

@@ -18,6 +18,8 @@ from app.logs.validation import InvalidRecord
 
 # The record's key for its tenant (the router knows it from the API key; not a log column).
 TENANT_KEY = "_tenant_id"
+# The application_name of the sink's connection, as pg_stat_activity shows it.
+APPLICATION_NAME = "cft-router-logs"
 
 
 class LogSink:
@@ -50,7 +52,7 @@ class LogSink:
                 self.url,
                 autocommit=True,
                 row_factory=dict_row,
-                application_name="cft-router-logs",
+                application_name=APPLICATION_NAME,
                 prepare_threshold=None,
             )
         try:

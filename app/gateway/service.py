@@ -80,10 +80,6 @@ class RouterRuntime:
         # so one LRU serves every tenant.
         self._user_keys = lru_cache(maxsize=USER_CACHE)(lambda u: user_hash(u, secret).hex())
 
-    def hash_user(self, user: str) -> bytes:
-        """The user's pseudonym (also the key of the canary split)."""
-        return bytes.fromhex(self._user_keys(user))
-
     def user_key(self, user: str) -> str:
         """The user's pseudonym in hex: the key of the canary split (`serve.assign_adapter`)."""
         return self._user_keys(user)
@@ -139,7 +135,8 @@ class RouterRuntime:
         self._keys[digest] = (time.monotonic() + self.key_ttl, key)
 
 
-def _log_dropped(record: dict[str, Any], exc: Exception) -> None:
+def log_dropped(record: dict[str, Any], exc: Exception) -> None:
+    """Count a record the log writer gave up on, by reason (cft_router_log_records_dropped)."""
     ROUTER_LOG_DROPPED.labels(getattr(exc, "reason", type(exc).__name__)).inc()
 
 
@@ -168,7 +165,7 @@ def start(
         sink = ProcessSink(db_url, settings)
     else:
         sink = LogSink(db_url, settings)
-    writer = LogWriter(sink, permanent=WRITER_PERMANENT_ERRORS, on_drop=_log_dropped)
+    writer = LogWriter(sink, permanent=WRITER_PERMANENT_ERRORS, on_drop=log_dropped)
     writer.start()
     LOG_QUEUE_DEPTH.set_function(lambda: writer.pending)
     runtime = RouterRuntime(

@@ -41,6 +41,10 @@ CHANNEL = "cft_route"
 # The first copy is applied; the other is dropped (BENCHMARKS.md, "Promotion COMMIT → routed
 # (item 5b)").
 LISTENERS = 2
+# The application_name of the table's connections, as pg_stat_activity shows them: the kept
+# connection that reads routes, and the LISTEN ones.
+READER_NAME = "cft-router-routes"
+LISTENER_NAME = "cft-router-listen"
 # How many recent notifications are remembered to drop their second copy.
 _SEEN = 1024
 _HITS = ROUTE_CACHE.labels("hit")
@@ -223,7 +227,7 @@ class RouteTable:
             for attempt in (1, 2):
                 kept = self._reader is not None
                 if self._reader is None or self._reader.closed:
-                    self._reader = self._connection()
+                    self._reader = self._connection(READER_NAME)
                 try:
                     return load_route(self._reader, name)
                 except psycopg.Error:
@@ -320,8 +324,10 @@ class RouteTable:
             else:
                 self._cache.pop(name, None)
 
-    def _connection(self) -> Connection:
-        return psycopg.connect(self.url, autocommit=True, row_factory=dict_row)
+    def _connection(self, name: str) -> Connection:
+        return psycopg.connect(
+            self.url, autocommit=True, row_factory=dict_row, application_name=name
+        )
 
     def start(self) -> None:
         """Start the LISTEN thread (reconnects with backoff; the TTL covers the gaps)."""
@@ -358,7 +364,7 @@ class RouteTable:
             conns: list[Connection] = []
             try:
                 for _ in range(LISTENERS):
-                    conns.append(self._connection())
+                    conns.append(self._connection(LISTENER_NAME))
                     conns[-1].execute(f"LISTEN {CHANNEL}")
                 self._serve(conns)
                 backoff = 0.2

@@ -20,7 +20,7 @@ caller owns the transaction. POST /v1/logs inserts plain records from one JSON l
 through `prepare`. `log_batch` is the router's log writer's: a transaction of its own in one
 round trip instead of ~11 (at low rates every proxied call is a batch of one, and each
 round trip costs the router CPU: BENCHMARKS.md, "Router against LiteLLM (issue 26)"). It stages
-the router's records from one JSON literal (`_staged_json`: the checks the validator would
+the router's records from one JSON literal (`staged_json`: the checks the validator would
 make, then one orjson.dumps) rather than validating into COPY lines and quoting each field: the
 batch is Python holding the GIL that the router's event loop waits for, and this path is about
 a third of that; anything it cannot encode exactly as the validator does goes the validator's
@@ -123,12 +123,12 @@ class Staged:
 
 
 def stage(records: Sequence[Any], *, settings: Settings | None = None) -> Staged | None:
-    """The records staged from one JSON literal (`_staged_json`), or None when any of them is
+    """The records staged from one JSON literal (`staged_json`), or None when any of them is
     not one that path encodes exactly as `prepare` does: then `prepare` (which stores the same
     rows, or raises the InvalidRecord naming the record and field) is the way. About half the
     Python per record of prepare and its COPY lines."""
     settings = settings or get_settings()
-    select = _staged_json(records, user_secret(settings), {})
+    select = staged_json(records, user_secret(settings), {})
     if select is None:
         return None
     return Staged([rec["request_id"] for rec in records], select)
@@ -259,7 +259,7 @@ def log_batch(
         return
     settings = settings or get_settings()
     secret = secret or user_secret(settings)
-    staged = _staged_json(records, secret, {} if user_hashes is None else user_hashes)
+    staged = staged_json(records, secret, {} if user_hashes is None else user_hashes)
     if staged is None:
         staged = _staged_literals(prepare(records, settings=settings, secret=secret))
         if not staged:
@@ -298,7 +298,7 @@ _TEXT_FIELDS = ("route", "adapter_id", "model", "experiment", "user")
 _INT_FIELDS = ("ttft_ms", "tokens_in", "tokens_out")
 
 
-def _staged_json(records: Sequence[Any], secret: bytes, user_hashes: dict[str, str]) -> str | None:
+def staged_json(records: Sequence[Any], secret: bytes, user_hashes: dict[str, str]) -> str | None:
     """The SELECT that stages records from one JSON literal, or None when any record is not
     one this path encodes exactly as `prepare` does (then the caller takes that path, which
     stores the same row or raises its InvalidRecord).

@@ -1,1 +1,4 @@
-"""The loop: per-route policy, triggers, cycles from traffic to a promoted adapter (issue 20)."""
+"""The loop: per-route policy, triggers, cycles from traffic to a promoted adapter.
+
+The user's guide is docs/loop.md.
+"""

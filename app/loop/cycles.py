@@ -45,15 +45,6 @@ def claim(conn: Connection, *, worker_id: str, lease_s: float) -> dict[str, Any]
     return row
 
 
-def heartbeat(conn: Connection, *, cycle_id: int, worker_id: str, lease_s: float) -> bool:
-    """Renew the lease; False: the cycle is not ours any more."""
-    row = conn.execute(
-        "SELECT loop.heartbeat_cycle(%s, %s, %s::interval) AS ok",
-        (cycle_id, worker_id, _seconds(lease_s)),
-    ).fetchone()
-    return bool(row and row["ok"])
-
-
 def apply(conn: Connection, *, cycle_id: int, worker_id: str, outcome: Outcome) -> dict[str, Any]:
     """Record a step's outcome (advance or wait); returns the cycle row after it."""
     payload = _json(outcome.set)

@@ -36,11 +36,10 @@ from app.training.methods import Hyperparameters
 
 # Regenerate pairs below this count never make the cycle a preference run.
 MIN_PAIRS = 8
-# LoRA's learning rate for a short run (under SHORT_STEPS optimiser steps), per method. A LoRA
-# adapter's best rate is about ten times a full fine-tune's, and higher still for runs under a
-# hundred steps; preference losses take smaller steps than imitation.
+# LoRA's learning rate for a short run (a small set's MIN_STEPS to MAX_STEPS_SMALL optimiser
+# steps), per method. A LoRA adapter's best rate is about ten times a full fine-tune's, and higher
+# still for runs under a hundred steps; preference losses take smaller steps than imitation.
 SHORT_LR: dict[str, float] = {"sft": 2e-3, "orpo": 1e-3, "dpo": 5e-4, "simpo": 5e-4, "kto": 5e-4}
-SHORT_STEPS = 60
 BATCH = 8  # sequences per optimiser step for a small set
 EPOCHS_SMALL = 3
 MIN_STEPS, MAX_STEPS_SMALL = 8, 60

@@ -1,10 +1,11 @@
 """Each training method's hyperparameters, defined once for the API and the trainer (the
 methods' names are app/datasets/methods.py).
 
-Defaults follow a common QLoRA runbook (r=8, alpha=16, q/k/v/o, lr 2e-4, cosine, warmup 3 %,
-batch 1 x grad-accum 16, 3 epochs, max_length 2048), except LoRA dropout: 0 (Unsloth's default;
-PEFT then skips the dropout copy of each adapted layer's input, BENCHMARKS.md "QLoRA against
-Unsloth"). Pure pydantic: the control plane imports it without loading any ML library.
+Defaults follow a common QLoRA recipe, the runbook that bench/gpu_qlora.py measures against
+(r=8, alpha=16, q/k/v/o, lr 2e-4, cosine, warmup 3 %, batch 1 x grad-accum 16, 3 epochs,
+max_length 2048), except LoRA dropout: 0 (Unsloth's default; PEFT then skips the dropout copy of
+each adapted layer's input, BENCHMARKS.md "QLoRA against Unsloth"). Pure pydantic: the control
+plane imports it without loading any ML library.
 
 Speed settings (packing, padding_free, use_liger_kernel, activation_offloading,
 precompute_ref_log_probs, compile_layers) default to None: the trainer picks them per device and

@@ -24,7 +24,7 @@ GRANT EXECUTE ON FUNCTION auth.current_tenant_id() TO cft_app, cft_release, cft_
 GRANT SELECT ON tenant, serve.route, serve.adapter, serve.adapter_event, train.eval_result,
   train.eval_result_latest, train.eval_result_counted, train.promotion_policy, train.training_run,
   train.dataset_snapshot TO cft_release;
-GRANT UPDATE (status, traffic_pct, experiment) ON serve.adapter TO cft_release;
+GRANT UPDATE (status, traffic_pct) ON serve.adapter TO cft_release;
 
 -- cft_dashboard: read-only on traffic, registry and results.
 GRANT SELECT ON tenant, obs.inference_log, serve.route, serve.adapter, serve.adapter_event,

@@ -46,14 +46,6 @@ BEGIN
 END
 $$;
 
--- Renew the lease of a cycle this worker holds; false: it is not ours any more.
-CREATE OR REPLACE FUNCTION loop.heartbeat_cycle(p_id bigint, p_worker text, p_lease interval)
-RETURNS boolean LANGUAGE sql VOLATILE AS $$
-  WITH u AS (UPDATE loop.cycle SET lease_until = now() + p_lease
-              WHERE id = p_id AND worker_id = p_worker RETURNING 1)
-  SELECT EXISTS (SELECT 1 FROM u)
-$$;
-
 -- Move a cycle this worker holds to p_to, storing p_set (columns of loop.cycle by name) and
 -- recording the transition with p_inputs; releases it for the next step. Raises
 -- object_not_in_prerequisite_state when the cycle is not this worker's any more.

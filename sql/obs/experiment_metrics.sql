@@ -1,9 +1,9 @@
 -- A/B metrics of experiments over obs.inference_log, per arm (experiment × variant × adapter),
 -- per hour/day, and canary versus prod with confidence intervals and p-values.
 --
--- Differences from the seed's sketch (STDDEV(fb_explicit) / SQRT(COUNT(*))):
+-- Differences from the naive per-adapter query (STDDEV(fb_explicit) / SQRT(COUNT(*)), ±2 SE):
 --   * the standard error divides by the number of rows WITH explicit feedback: STDDEV skips NULLs
---     but COUNT(*) does not, so the sketch understated the error (by √(rated share));
+--     but COUNT(*) does not, so that query understated the error (by √(rated share));
 --   * arms are variant × adapter, not adapter alone (one adapter can serve two experiments);
 --   * the 95 % interval uses Student's t with n-1 degrees of freedom, not ±2 SE.
 -- Every function runs as its caller: the API role (cft_app) sees only its tenant's rows. An

@@ -32,9 +32,6 @@ COMMENT ON COLUMN serve.adapter.status IS
 COMMENT ON COLUMN serve.adapter.traffic_pct IS
   'Share of the route''s users in %: a canary''s split; 100 for prod, which gets every '
   'bucket no canary has; 0 otherwise.';
-COMMENT ON COLUMN serve.adapter.experiment IS
-  'A label kept from the seed schema (cft_release may set it); cft does not read it: the split''s '
-  'salt is serve.route.experiment.';
 COMMENT ON COLUMN serve.adapter.promoted_at IS 'When it last became prod (set by the gate).';
 COMMENT ON COLUMN serve.adapter.tainted_at IS
   'When a user it was trained on was forgotten: a tainted adapter is neither promoted nor restored '

@@ -54,8 +54,8 @@ CREATE OR REPLACE FUNCTION serve.adapter_before_write() RETURNS trigger
 LANGUAGE plpgsql AS $$
 BEGIN
   NEW.updated_at := now();
-  -- Leaving canary or prod without naming a share (the seed's rollback, `SET status =
-  -- 'retired'`) takes the adapter out of traffic, as the status checks require.
+  -- Leaving canary or prod without naming a share (a hand rollback, `SET status = 'retired'`)
+  -- takes the adapter out of traffic, as the status checks require.
   IF TG_OP = 'UPDATE' AND OLD.status IN ('canary', 'prod') AND NEW.status NOT IN ('canary', 'prod')
      AND NEW.traffic_pct = OLD.traffic_pct THEN
     NEW.traffic_pct := 0;

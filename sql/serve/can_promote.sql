@@ -196,7 +196,7 @@ $$;
 COMMENT ON FUNCTION serve.promotion_blockers(text, text) IS
   'Why candidate may not replace current (NULL = no prod yet): one row per blocker, none = allowed.';
 
--- The seed's signature; true only when there is no blocker at all.
+-- The gate as a yes or no; true only when there is no blocker at all.
 CREATE OR REPLACE FUNCTION serve.can_promote(candidate text, current text) RETURNS boolean
 LANGUAGE sql STABLE SET search_path = pg_catalog, public, pg_temp AS $$
   SELECT NOT EXISTS (SELECT 1 FROM serve.promotion_blockers($1, $2))

@@ -1,6 +1,6 @@
--- Decisions you can trust (DESIGN invariant 10): what to do with a route's canaries, and with a
--- newly promoted prod, from live traffic, by tests whose error bound holds however often they are
--- checked (the normal-mixture mSPRT, stats/sequential.sql) and never past a guard.
+-- Decisions whose error rate is what the policy says, however often they are checked: what to do
+-- with a route's canaries, and with a newly promoted prod, from live traffic, by always-valid tests
+-- (the normal-mixture mSPRT, stats/sequential.sql), and never past a guard.
 --   serve.canary_decision(route): per canary vs prod, promote / retire / continue;
 --   serve.watch_decision(route):  the current prod vs the prod it replaced, since its promotion,
 --                                 rollback / keep / continue.

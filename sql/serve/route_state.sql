@@ -1,6 +1,6 @@
 -- A route's serving state as the router caches it (app/gateway/table.py), and NOTIFY cft_route,
 -- which carries that state at each commit that changes it, so a router applies a promotion
--- without reading it back (issue 26, item 5b).
+-- without reading it back (BENCHMARKS.md, "Promotion COMMIT → routed (item 5b)").
 
 -- The state, defined once: the router's reads and the NOTIFY payload both come from here.
 -- NULL when there is no such route. Runs as the caller (the router's reads, or the owner in

@@ -83,8 +83,8 @@ CREATE INDEX kto_candidate_route_idx ON train.kto_candidate (tenant_id, route, c
 
 -- Preference pairs (DPO, ORPO and SimPO train on the same view), from two signals:
 --  * 'regen': the user regenerated a row (rejected); its child that was neither regenerated nor
---    rated negatively is chosen (an unrated child counts: the seed's `cho.fb_explicit >= 0`
---    silently dropped NULLs, i.e. most children). Against DPO's length bias the chosen length
+--    rated negatively is chosen (an unrated child counts: `cho.fb_explicit >= 0` would silently
+--    drop NULLs, i.e. most children). Against DPO's length bias the chosen length
 --    must lie within 0.5-2.5x the rejected one (tokens_out; characters when a count is missing).
 --  * 'edit': the user's edited text is chosen over the original completion.
 DROP MATERIALIZED VIEW IF EXISTS train.pair_candidate;

@@ -34,7 +34,7 @@ from tests.support.factories import make_adapter, make_log, make_route, make_ten
 from tests.support.servers import serve_app
 from tests.support.traffic import make_traffic
 from tests.support.training import make_run, make_snapshot
-from workers.trainer.train import _progress_callback
+from workers.trainer.train import progress_callback
 from workers.trainer.worker import WorkerConfig, _Heartbeat
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -94,7 +94,7 @@ def _train(
     assert claimed is not None and claimed["id"] == queued["id"]
     cfg = WorkerConfig(db_url=url, models_dir=Path(), store=store, worker_id=WORKER)
     hb = _Heartbeat(cfg, queued["id"])
-    callback = _progress_callback(hb.update)
+    callback = progress_callback(hb.update)
     control = SimpleNamespace(should_training_stop=False)
     for step in range(1, steps + 1):
         state = SimpleNamespace(global_step=step, max_steps=total, num_input_tokens_seen=256 * step)

@@ -167,7 +167,7 @@ def test_arms_agree_with_scipy(conn: Any) -> None:
         assert arm["adapter_id"] == adapter
         assert arm["n"] == len(raw["regen"])
         assert arm["n_feedback"] == len(raw["fb"])
-        # The standard error divides by the rated rows, not by every row (the seed's sketch did).
+        # The standard error divides by the rated rows, not by every row.
         assert arm["feedback_se"] == pytest.approx(stats.sem(raw["fb"]), rel=1e-9)
         lo, hi = stats.t.interval(
             0.95, len(raw["fb"]) - 1, loc=raw["fb"].mean(), scale=stats.sem(raw["fb"])

@@ -1,4 +1,4 @@
-"""Router faults (issue 11) with real processes: an engine killed mid-stream, and the route
+"""Router faults with real processes: an engine killed mid-stream, and the route
 table's LISTEN connection dropped while traffic flows.
 
 test_reconciler.py covers an engine stopped cleanly between calls and restarted;
@@ -23,6 +23,7 @@ import psycopg
 import pytest
 from psycopg.rows import dict_row
 
+from app.gateway import table as route_table
 from tests.integration.test_reconciler import (
     World,
     deployment,
@@ -169,12 +170,14 @@ def engine(models_dir: Path) -> Iterator[str]:
 
 
 def listen_pids(db_url: str) -> list[int]:
+    """The route table's LISTEN connections, as pg_stat_activity shows them."""
     with psycopg.connect(db_url, autocommit=True) as c:
         return [
             r[0]
             for r in c.execute(
                 "SELECT pid FROM pg_stat_activity WHERE datname = current_database()"
-                " AND query LIKE 'LISTEN %%' AND pid <> pg_backend_pid()"
+                " AND application_name = %s",
+                (route_table.LISTENER_NAME,),
             ).fetchall()
         ]
 
@@ -260,12 +263,9 @@ def test_dropped_listen_connection_still_converges_and_recovers(world: World, en
             # 2. The listener reconnects by itself; then a change reaches routing by NOTIFY,
             #    in milliseconds (far below the TTL).
             def listener_back() -> bool:
-                conns = table._conns  # the route table's own LISTEN connections
-                if not conns or not table.listening.is_set():
+                if not table.listening.is_set():
                     return False
-                conn = conns[0]
-                pid = conn.info.backend_pid
-                return pid not in killed and pid in listen_pids(world.db_url)
+                return any(pid not in killed for pid in listen_pids(world.db_url))
 
             wait_until(listener_back, timeout=15, what=f"listener back (killed {set(killed)})")
             resp = world.call(api, max_tokens=1)

@@ -105,7 +105,7 @@ def bare(conn):
 
 
 def test_unpolicied_suite_is_compared_by_the_default_rule(conn, bare):
-    # The case: results far worse than the prod's, on a suite no rule names.
+    # Results far worse than the prod's, on a suite no rule names.
     result(conn, bare["prod"], "house-style", "pass_rate", 0.90)
     result(conn, bare["cand"], "house-style", "pass_rate", 0.10)
     rows = conn.execute(
@@ -187,7 +187,7 @@ def test_tolerance_is_relative_to_the_absolute_score_and_sane_at_zero(conn):
     a, b, c = (make_adapter(conn, route=r)["id"] for _ in range(3))
     result(conn, prod, "reward", "margin", -10)
     result(conn, a, "reward", "margin", -10.9)  # within 10 % of |-10|
-    result(conn, b, "reward", "margin", -11.1)  # beyond (the seed's p * 0.98 would allow it)
+    result(conn, b, "reward", "margin", -11.1)  # beyond (an absolute p * 0.98 would allow it)
     result(conn, c, "reward", "margin", -9)
     assert (can(conn, a, prod), can(conn, b, prod), can(conn, c, prod)) == (True, False, True)
     result(conn, prod, "reward", "margin", 0)
@@ -465,10 +465,11 @@ def test_rollback_function_restores_the_previous_prod(conn, world):
 
 def test_retiring_prod_by_raw_sql_restores_the_previous_prod(conn, world):
     _promoted_world(conn, world)
-    conn.execute(
-        "UPDATE serve.adapter SET status='retired', traffic_pct=0 WHERE id=%s", (world["cand"],)
-    )
+    # Naming no share takes the retired adapter out of traffic.
+    conn.execute("UPDATE serve.adapter SET status='retired' WHERE id=%s", (world["cand"],))
     assert prods(conn, world["route"]["name"]) == [world["prod"]]
+    row = conn.execute("SELECT traffic_pct FROM serve.adapter WHERE id = %s", (world["cand"],))
+    assert row.fetchone()["traffic_pct"] == 0
     # A tainted previous prod is not restored: the route is left without prod.
     conn.execute("UPDATE serve.adapter SET status='candidate' WHERE id=%s", (world["cand"],))
     promote(conn, world["cand"])
@@ -515,7 +516,7 @@ def test_canary_ceiling_holds_for_a_raw_sql_update(conn, world):
     result(conn, world["cand"], "tasks", "accuracy", 0.85)
     result(conn, world["cand"], "heldout", "loss", 1.40)
     canary = "UPDATE serve.adapter SET status = 'canary', traffic_pct = %s WHERE id = %s"
-    # The case: every user on a canary, no override.
+    # Every user on a canary, no override.
     with pytest.raises(psycopg.errors.CheckViolation, match=r"above its ceiling of 50\.00 %"):
         conn.execute(canary, (100, world["cand"]))
     conn.execute(canary, (50, world["cand"]))

@@ -262,7 +262,7 @@ def test_the_evaluator_calibrates_its_judge_once_then_judges(
     conn: Any, db_url: str, judge_url: str
 ) -> None:
     from app.core.config import Settings
-    from workers.evaluator.worker import EVALUATOR, _write, connect
+    from workers.evaluator.worker import EVALUATOR, connect, write_results
 
     t = make_tenant(conn)
     route = make_route(conn, tenant_id=t["id"])
@@ -297,7 +297,7 @@ def test_the_evaluator_calibrates_its_judge_once_then_judges(
         scored = judge.judge_suite(settings, suite, cases, lambda messages, n: "2 + 2 is 4.")
         assert scored["_judge_model"] == JUDGE
         assert scored["_rubric_version"] == evals.rubric_version(RUBRIC)
-        _write(ev, cand, {suite_id: scored}, replace=True)
+        write_results(ev, cand, {suite_id: scored}, replace=True)
     row = conn.execute("SELECT * FROM train.eval_result WHERE adapter_id = %s", (cand,)).fetchone()
     assert (row["judge_model"], row["rubric_version"], row["author_kind"]) == (
         JUDGE,

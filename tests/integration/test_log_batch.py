@@ -148,7 +148,7 @@ def test_router_records_take_the_json_path_and_store_what_log_records_stores(db_
     for over in shapes:
         via_copy, via_json = router_record(r["name"], **over), router_record(r["name"], **over)
         # The JSON path takes the record (the test is about that path, not the fallback).
-        assert ingest._staged_json([via_json], secret, {}) is not None
+        assert ingest.staged_json([via_json], secret, {}) is not None
         with psycopg.connect(db_url, row_factory=dict_row) as c, c.transaction():
             as_tenant(c, t["id"])
             logs.log_records(c, tenant_id=t["id"], records=[via_copy], settings=settings)
@@ -174,7 +174,7 @@ def test_json_path_keeps_the_first_of_a_repeated_request_id_and_links(db_url, co
     again = first | {"completion": "second"}
     child = router_record(r["name"], parent_request_id=first["request_id"])
     records = [child, first, again]
-    assert ingest._staged_json(records, user_secret(get_settings()), {}) is not None
+    assert ingest.staged_json(records, user_secret(get_settings()), {}) is not None
     with psycopg.connect(db_url, autocommit=True, row_factory=dict_row) as c:
         logs.log_batch(c, tenant_id=t["id"], records=records)
     rows = conn.execute(
@@ -234,7 +234,7 @@ def test_json_path_hands_what_it_cannot_encode_exactly_to_the_validator(db_url, 
     secret = user_secret(get_settings())
     for rec, valid in _refused(r["name"]):
         ok = router_record(r["name"])
-        assert ingest._staged_json([ok, rec], secret, {}) is None, rec
+        assert ingest.staged_json([ok, rec], secret, {}) is None, rec
         if valid:
             with psycopg.connect(db_url, autocommit=True, row_factory=dict_row) as c:
                 logs.log_batch(c, tenant_id=t["id"], records=[ok, rec])
@@ -264,7 +264,7 @@ def test_a_record_that_can_never_be_stored_is_dropped_alone_and_counted(db_url, 
     from app.gateway.logprocess import WRITER_PERMANENT_ERRORS, ProcessSink
     from app.gateway.logsink import TENANT_KEY, LogSink
     from app.gateway.logwriter import LogWriter
-    from app.gateway.service import _log_dropped
+    from app.gateway.service import log_dropped
 
     t = make_tenant(conn)
     r = make_route(conn, tenant_id=t["id"])
@@ -282,7 +282,7 @@ def test_a_record_that_can_never_be_stored_is_dropped_alone_and_counted(db_url, 
             sink,
             max_delay=0.05,
             permanent=WRITER_PERMANENT_ERRORS,
-            on_drop=_log_dropped,
+            on_drop=log_dropped,
         )
         writer.start()
         for rec in [*good[:3], bad, *good[3:]]:

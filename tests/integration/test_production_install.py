@@ -81,7 +81,8 @@ def image_commands() -> list[tuple[str, str, list[str]]]:
     return out
 
 
-# Every entry point the issue names; the ones compose or the Dockerfile runs are tried there.
+# The entry points a deployment starts (migrate, serve, engine, each worker); the ones compose or
+# the Dockerfile runs are tried there.
 ENTRY_POINTS = [
     ["--help"],
     ["migrate", "--help"],

@@ -1,4 +1,4 @@
-"""The schema on real PostgreSQL 18 + pgvector: partitions, constraints, audit, roles, seed SQL."""
+"""The schema on real PostgreSQL 18 + pgvector: partitions, constraints, audit, roles, the split."""
 
 from __future__ import annotations
 
@@ -7,7 +7,6 @@ from datetime import UTC, datetime, timedelta
 
 import psycopg
 import pytest
-from psycopg.rows import dict_row
 
 from app.core.db import server_versions
 from tests.support.factories import make_adapter, make_log, make_route, make_tenant
@@ -227,6 +226,8 @@ def test_assign_adapter_sticky_and_exact_share(conn):
     r = make_route(conn, tenant_id=t["id"], experiment="exp-1")
     prod = make_adapter(conn, route=r, status="prod", traffic_pct=100)
     canary = make_adapter(conn, route=r, status="canary", traffic_pct=20)
+    # The share is exact: the bucket is md5-based and never negative (hashtext(x) % 100 is
+    # negative for about half of all inputs, which would hand a 5 % canary ~55 % of users).
     rows = conn.execute(
         "SELECT serve.assign_adapter(%s, 'user-' || g) AS a FROM generate_series(1, 20000) g",
         (r["name"],),
@@ -236,165 +237,3 @@ def test_assign_adapter_sticky_and_exact_share(conn):
     assert {x["a"] for x in rows} == {prod["id"], canary["id"]}
     again = conn.execute("SELECT serve.assign_adapter(%s, 'user-7') AS a", (r["name"],)).fetchone()
     assert again["a"] == rows[6]["a"]
-
-
-SEED_QUERIES = [
-    # KTO dataset from thumbs (the body of train.kto_candidate).
-    """SELECT messages AS prompt, completion AS response,
-       CASE WHEN fb_explicit > 0 THEN true ELSE false END AS label, adapter_id, created_at
-     FROM obs.inference_log
-     WHERE fb_explicit != 0 AND created_at > now() - interval '60 days' AND pii_flags = 0
-       AND tenant_id IN (SELECT id FROM tenant WHERE consent_training)""",
-    # DPO pairs from regenerate.
-    """SELECT rej.messages AS prompt, cho.completion AS chosen, rej.completion AS rejected, rej.adapter_id
-     FROM obs.inference_log rej JOIN obs.inference_log cho ON cho.parent_id = rej.id
-     WHERE rej.fb_regen = true AND cho.fb_explicit >= 0
-       AND cho.tokens_out BETWEEN rej.tokens_out * 0.5 AND rej.tokens_out * 2.5""",
-    # Exact-dedup ranking.
-    """WITH ranked AS (SELECT id, embedding, row_number() OVER (
-         PARTITION BY hashtext(messages::text) ORDER BY fb_explicit DESC, created_at DESC) AS rn
-       FROM obs.inference_log WHERE created_at > now() - interval '60 days')
-     SELECT * FROM ranked WHERE rn > 1""",
-    # A/B metrics per adapter.
-    """SELECT adapter_id, COUNT(*) AS n, AVG(fb_explicit) AS mean_score,
-       STDDEV(fb_explicit) / SQRT(COUNT(*)) AS sem, AVG(ttft_ms) AS ttft_avg,
-       percentile_cont(0.5) WITHIN GROUP (ORDER BY ttft_ms) AS ttft_p50,
-       percentile_cont(0.95) WITHIN GROUP (ORDER BY ttft_ms) AS ttft_p95,
-       AVG(CASE WHEN fb_regen THEN 1 ELSE 0 END) AS regen_rate
-     FROM obs.inference_log WHERE experiment = 'exp' AND created_at > now() - interval '7 days'
-     GROUP BY adapter_id""",
-    # Eval gate comparison (the body of the seed's can_promote), over the results that count
-    # (results are facts: a correction is a new row).
-    """SELECT NOT EXISTS (SELECT 1 FROM train.eval_result_counted c
-       JOIN train.eval_result_counted p USING (suite_id, metric)
-       WHERE c.adapter_id = 'v4.2' AND p.adapter_id = 'v4.1'
-         AND suite_id IN ('safety-es','support-helpfulness','refusal-rate') AND c.score < p.score * 0.98)""",
-    # Promotion and rollback as the seed writes them.
-    "UPDATE serve.adapter SET status='prod', traffic_pct=100 WHERE id='v4.2'",
-    "UPDATE serve.adapter SET status='retired' WHERE id='v4.2'",
-]
-
-
-def _seed_traffic(conn):
-    """Two thumbed answers, one regenerated into the other, and a repeat of the first prompt."""
-    t = make_tenant(conn)
-    rej = make_log(
-        conn,
-        tenant_id=t["id"],
-        fb_regen=True,
-        fb_explicit=-1,
-        tokens_out=10,
-        experiment="exp",
-        ttft_ms=100,
-    )
-    cho = make_log(
-        conn,
-        tenant_id=t["id"],
-        parent_id=rej["id"],
-        fb_explicit=1,
-        tokens_out=12,
-        completion="better answer",
-        experiment="exp",
-        ttft_ms=300,
-    )
-    make_log(conn, tenant_id=t["id"], messages=rej["messages"], experiment="exp", ttft_ms=200)
-    return t, rej, cho
-
-
-def test_seed_dataset_queries_run_unmodified(conn):
-    t, rej, _cho = _seed_traffic(conn)
-    kto, dpo, dedup = SEED_QUERIES[:3]
-    rows = conn.execute(kto).fetchall()
-    assert sorted(r["label"] for r in rows) == [False, True]
-    conn.execute("UPDATE tenant SET consent_training = false WHERE id = %s", (t["id"],))
-    assert conn.execute(kto).fetchall() == []
-    pairs = conn.execute(dpo).fetchall()
-    assert [(p["chosen"], p["rejected"]) for p in pairs] == [("better answer", rej["completion"])]
-    repeats = conn.execute(dedup).fetchall()
-    # DESC sorts NULL first: the seed's ranking keeps the unrated repeat over the thumbed-down
-    # answer (train.create_snapshot ranks coalesce(rating, 0) instead).
-    assert [r["id"] for r in repeats] == [rej["id"]]
-
-
-def test_seed_ab_metrics_query_runs_unmodified(conn):
-    _seed_traffic(conn)
-    (row,) = conn.execute(SEED_QUERIES[3]).fetchall()
-    assert row["n"] == 3 and row["mean_score"] == 0
-    assert float(row["ttft_avg"]) == 200 and float(row["ttft_p50"]) == 200
-    assert abs(float(row["regen_rate"]) - 1 / 3) < 1e-9
-
-
-def test_seed_gate_comparison_and_promotion_run_unmodified(conn):
-    t = make_tenant(conn)
-    r = make_route(conn, tenant_id=t["id"])
-    make_adapter(conn, route=r, id="v4.1", status="prod", traffic_pct=100)
-    make_adapter(conn, route=r, id="v4.2")
-    conn.execute(
-        "INSERT INTO train.promotion_policy (route, suite_id, metric, direction) VALUES"
-        " (%s, 'safety-es', 'score', 'higher')",
-        (r["name"],),
-    )
-    scores = [("v4.1", 0.90), ("v4.2", 0.80)]
-    for adapter_id, score in scores:
-        conn.execute(
-            "INSERT INTO train.eval_result (adapter_id, suite_id, metric, score)"
-            " VALUES (%s, 'safety-es', 'score', %s)",
-            (adapter_id, score),
-        )
-    gate, promote, retire = SEED_QUERIES[4:]
-    assert conn.execute(gate).fetchone() == {"?column?": False}  # 0.80 < 0.90 * 0.98
-    with pytest.raises(psycopg.errors.CheckViolation):
-        conn.execute(promote)
-    conn.execute(
-        "INSERT INTO train.eval_result (adapter_id, suite_id, metric, score)"
-        " VALUES ('v4.2', 'safety-es', 'score', 0.89)"
-    )
-    assert conn.execute(gate).fetchone() == {"?column?": True}
-    assert conn.execute(promote).rowcount == 1
-    status = "SELECT id, status FROM serve.adapter WHERE route = %s ORDER BY id"
-    assert conn.execute(status, (r["name"],)).fetchall() == [
-        {"id": "v4.1", "status": "retired"},
-        {"id": "v4.2", "status": "prod"},
-    ]
-    conn.execute(retire)  # the seed's rollback: the previous prod serves again
-    assert conn.execute(status, (r["name"],)).fetchall() == [
-        {"id": "v4.1", "status": "prod"},
-        {"id": "v4.2", "status": "retired"},
-    ]
-
-
-def test_seed_semantic_neighbour_query_uses_parameters(conn):
-    t = make_tenant(conn)
-    vec = "[" + ",".join(["0.1"] * 384) + "]"
-    make_log(conn, tenant_id=t["id"], embedding=vec)
-    rows = conn.execute(
-        """SELECT id, messages, embedding <=> %s::halfvec AS dist FROM obs.inference_log
-           WHERE created_at > now() - interval '60 days' AND embedding <=> %s::halfvec < 0.05
-           ORDER BY embedding <=> %s::halfvec LIMIT 50""",
-        (vec, vec, vec),
-    ).fetchall()
-    assert len(rows) == 1 and rows[0]["dist"] < 1e-3
-
-
-def test_seed_sticky_assignment_query(conn):
-    t = make_tenant(conn)
-    r = make_route(conn, tenant_id=t["id"])
-    make_adapter(conn, route=r, id="v4.2", status="canary", traffic_pct=5)
-    # The seed's rule as written: the canary gets the users whose hashtext bucket is below its
-    # share. hashtext % 100 is negative for about half of all inputs (FACTS.md), so the seed's
-    # expression gives the canary ~55 % at traffic_pct = 5, which is why serve.assign_adapter
-    # uses an md5 bucket instead (test_assign_adapter_sticky_and_exact_share).
-    rows = conn.execute(
-        """SELECT CASE WHEN hashtext(%(e)s || 'user-' || g) %% 100
-             < (SELECT traffic_pct FROM serve.adapter WHERE id = %(c)s)
-             THEN %(c)s ELSE %(p)s END AS adapter_id
-             FROM generate_series(1, 4000) g""",
-        {"e": "exp", "c": "v4.2", "p": "v4.1"},
-    ).fetchall()
-    share = sum(r["adapter_id"] == "v4.2" for r in rows) / len(rows)
-    assert 0.50 < share < 0.60
-
-
-def test_database_is_psycopg_reachable_as_dicts(db_url):
-    with psycopg.connect(db_url, row_factory=dict_row) as c:
-        assert c.execute("SELECT 1 AS one").fetchone() == {"one": 1}

@@ -1,4 +1,4 @@
-"""The router's JSON fast path (`ingest._staged_json`) never takes a record the validator
+"""The router's JSON fast path (`ingest.staged_json`) never takes a record the validator
 (`validation.prepare`) refuses: it repeats the validator's rules for the router's own record
 shape, so a rule added to the validator alone would let router records past it. Checked over
 generated records close to the rules' edges (no database: the stored rows are compared in
@@ -96,7 +96,7 @@ records = st.composite(_record)
 def test_the_fast_path_never_takes_what_the_validator_refuses(batch: list[dict[str, Any]]) -> None:
     config = get_settings()
     secret = user_secret(config)
-    fast = ingest._staged_json(batch, secret, {})
+    fast = ingest.staged_json(batch, secret, {})
     try:
         prepare(batch, settings=config, secret=secret)
     except InvalidRecord as exc:

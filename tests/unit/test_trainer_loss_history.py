@@ -6,12 +6,12 @@ from itertools import pairwise
 from types import SimpleNamespace
 from typing import Any
 
-from workers.trainer.train import HISTORY_POINTS, Progress, _progress_callback
+from workers.trainer.train import HISTORY_POINTS, Progress, progress_callback
 
 
 def test_history_is_bounded_and_spans_the_run() -> None:
     seen: list[Progress] = []
-    cb = _progress_callback(lambda p: seen.append(p) and None)
+    cb = progress_callback(lambda p: seen.append(p) and None)
     control = SimpleNamespace(should_training_stop=False)
     total = 3 * HISTORY_POINTS + 7
     for step in range(1, total + 1):

@@ -202,9 +202,9 @@ class Evaluator:
             "results": results,
         }
         with conn.transaction():
-            _write(conn, adapter_id, results["candidate"], replace=True)
+            write_results(conn, adapter_id, results["candidate"], replace=True)
             if prod is not None:
-                _write(conn, prod["id"], results["current"], replace=False)
+                write_results(conn, prod["id"], results["current"], replace=False)
             conn.execute(
                 # Merged: the trainer's metrics stay next to the evaluator's.
                 "UPDATE serve.adapter SET eval_summary = coalesce(eval_summary, '{}') || %s"
@@ -395,7 +395,7 @@ def _has(
     return row is not None
 
 
-def _write(
+def write_results(
     conn: psycopg.Connection[Any],
     adapter_id: str,
     by_suite: dict[str, dict[str, Any]],

@@ -116,8 +116,8 @@ class BaseCache:
         # Freezes once; each run's trainer turns gradient checkpointing on or off. A bf16 base
         # (CUDA) is only frozen: prepare_model_for_kbit_training would also upcast the embeddings,
         # LM head and norms to fp32 (+0.4 GiB and an fp32 LM head on a 1B model with a 49k
-        # vocabulary), which the runbook does not do and bf16 does not need. On the CPU the
-        # base is fp32 already and the call changes nothing else.
+        # vocabulary), which the plain QLoRA recipe does not do and bf16 does not need. On the CPU
+        # the base is fp32 already and the call changes nothing else.
         if model.dtype == torch.bfloat16:
             model.requires_grad_(False)
         else:

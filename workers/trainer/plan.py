@@ -118,10 +118,11 @@ def speed_setup(
 
 
 # The shortest packed SFT row on CUDA. Rows follow the data (as long as the longest example, up to
-# max_length) so peak memory follows it as the runbook's does, with this floor: fewer, longer
-# micro-batches train faster at this size (issue 5: 1536-token rows 3896 tok/s vs 1024-token rows
-# 3149, 2048 no faster at 3937), and 2048-token rows went 2.4 % over the runbook's peak VRAM
-# (BENCHMARKS.md "QLoRA against Unsloth").
+# max_length) so peak memory follows it as the plain QLoRA recipe's does (batch 1 x grad-accum 16
+# of unpacked rows, bench/gpu_qlora.py's RUNBOOK), with this floor: fewer, longer micro-batches
+# train faster at this size (BENCHMARKS.md "QLoRA on GPU (issue 5)": 1536-token rows 3896 tok/s vs
+# 1024-token rows 3149, 2048 no faster at 3937), and 2048-token rows went 2.4 % over that recipe's
+# peak VRAM (BENCHMARKS.md "QLoRA against Unsloth").
 MIN_PACK_LENGTH = 1536
 
 

@@ -67,7 +67,8 @@ class TrainingCancelled(Exception):
 ProgressCallback = Callable[[Progress], bool | None]
 
 
-def _progress_callback(cb: ProgressCallback | None) -> Any:
+def progress_callback(cb: ProgressCallback | None) -> Any:
+    """A TrainerCallback that logs each step and gives cb its Progress; cb True stops the run."""
     from transformers import TrainerCallback
 
     class _Cb(TrainerCallback):  # type: ignore[misc]
@@ -154,7 +155,7 @@ def train_adapter(
     requested = hp
     cuda, _, _ = device_setup(hp)
     out_dir.mkdir(parents=True, exist_ok=True)
-    callback = _progress_callback(progress_cb)
+    callback = progress_callback(progress_cb)
     with (bases or BASES).lease(base_model, models_dir) as base:
         hp, speed = resolve_hyperparameters(method, requested, cuda, train_rows, base.tokenizer)
         return _train(

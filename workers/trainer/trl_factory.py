@@ -127,7 +127,7 @@ def compiled_layers(model: Any, enabled: bool) -> Iterator[None]:
             layer._compiled_call_impl = None
 
 
-def trl_config(method: str, hp: Hyperparameters, out_dir: Path, has_eval: bool) -> Any:
+def trl_config(method: str, hp: Hyperparameters, out_dir: Path) -> Any:
     """The TRL config of the method's trainer for one run."""
     cuda, optim, checkpointing = device_setup(hp)
     speed = speed_setup(method, hp, cuda)
@@ -253,7 +253,7 @@ def build_trainer(
         task_type="CAUSAL_LM",
         target_modules=list(hp.target_modules),
     )
-    config = trl_config(method, hp, out_dir, bool(eval_rows))
+    config = trl_config(method, hp, out_dir)
     kwargs: dict[str, Any] = {
         "model": model,
         "args": config,

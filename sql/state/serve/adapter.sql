@@ -17,7 +17,6 @@ CREATE TABLE serve.adapter (
   status              text NOT NULL DEFAULT 'training'
                       CHECK (status IN ('training', 'candidate', 'canary', 'prod', 'retired', 'failed')),
   traffic_pct         numeric(5,2) NOT NULL DEFAULT 0 CHECK (traffic_pct BETWEEN 0 AND 100),
-  experiment          text,
   promoted_at         timestamptz,
   tainted_at          timestamptz,    -- set when a user it was trained on is forgotten
   tainted_reason      text,
