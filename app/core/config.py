@@ -104,6 +104,17 @@ class Settings(BaseSettings):
     engine_timeout: float = Field(
         120.0, description="Seconds the router waits for an engine's response before failing over."
     )
+    router_load_wait: float = Field(
+        10.0,
+        description="Seconds a call for an adapter no engine has loaded yet waits for the load"
+        " (the reconciler is woken) before a 503 `adapter_not_loaded` with Retry-After; 0 = no"
+        " wait. Falling back to prod or the base instead is the route's `fallback` policy.",
+    )
+    router_affinity_slack: int = Field(
+        8,
+        description="Calls in flight by which an adapter's first engine (rendezvous hashing) may"
+        " exceed its second before the second takes the call.",
+    )
     router_key_cache_ttl: float = Field(
         5.0, description="Seconds the router caches an API key lookup (revocation delay bound)."
     )

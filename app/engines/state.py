@@ -30,6 +30,8 @@ class EngineState:
     kind: EngineKind = "vllm"
     # lorax: adapter id -> the directory the engine reads it from (set by the reconciler).
     adapter_paths: dict[str, str] = field(default_factory=dict)
+    # Calls sent to it whose answer is not finished yet (the router's own count).
+    inflight: int = 0
 
     @classmethod
     def parse(cls, raw: str) -> EngineState:

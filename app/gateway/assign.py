@@ -49,6 +49,9 @@ class RouteState:
     experiment: str | None
     prod: str | None
     canaries: list[Canary] = field(default_factory=list)
+    # When the assigned adapter cannot answer: 'none' (a 503 that says so), 'prod' (the
+    # route's prod), 'base' (prod, then the base model). serve.route.fallback.
+    fallback: str = "none"
 
     def assign(self, user_key: str) -> Assignment:
         """The adapter this user gets now."""

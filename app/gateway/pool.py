@@ -7,6 +7,8 @@ kind's (app/gateway/upstream.py asks it).
 
 from __future__ import annotations
 
+import asyncio
+import hashlib
 import itertools
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
@@ -52,8 +54,48 @@ class SessionReply:
             self.response.close()
 
 
+@dataclass(slots=True)
+class Counted:
+    """An engine's answer that holds one of its engine's in-flight slots until finished."""
+
+    inner: EngineResponse
+    engine: EngineState
+    done: bool = False
+
+    @property
+    def status(self) -> int:
+        """The HTTP status."""
+        return self.inner.status
+
+    async def read(self) -> bytes:
+        """The whole body."""
+        return await self.inner.read()
+
+    def chunks(self) -> AsyncIterator[bytes]:
+        """The body as it arrives."""
+        return self.inner.chunks()
+
+    def finish(self) -> None:
+        """Finish the inner answer and free the slot (once)."""
+        try:
+            self.inner.finish()
+        finally:
+            if not self.done:
+                self.done = True
+                self.engine.inflight -= 1
+
+
+def affinity(url: str, model: str) -> int:
+    """The rendezvous score of an engine for a model: the engine with the highest serves it
+    first, so each engine's cache holds a stable share of the adapters, and adding or removing
+    an engine moves only the adapters whose first engine it is."""
+    digest = hashlib.blake2b(f"{url}\0{model}".encode(), digest_size=8).digest()
+    return int.from_bytes(digest, "big")
+
+
 class EnginePool:
-    """The engines (round robin, preferring engines that are up and serve the wanted model).
+    """The engines: for an adapter, by rendezvous hashing (widened by load); for the base
+    model, round robin; always preferring engines that are up and serve the wanted model.
 
     Whole (non-streamed) calls to plain-HTTP engines go through EngineClient, streams and
     probes through one aiohttp session; both keep connections alive (on the 2-core box httpx
@@ -61,11 +103,13 @@ class EnginePool:
     Router).
     """
 
-    def __init__(self, urls: list[str], *, timeout: float = 120.0):
+    def __init__(self, urls: list[str], *, timeout: float = 120.0, slack: int = 8):
         if not urls:
             raise ValueError("no engine URLs configured (CFT_ENGINE_URLS)")
         self.engines = [EngineState.parse(u) for u in urls]
         self._turn = itertools.count()
+        self.slack = slack
+        self._refreshing: asyncio.Future[list[bool]] | None = None
         self.timeout = aiohttp.ClientTimeout(
             total=None, connect=10.0, sock_connect=2.0, sock_read=timeout
         )
@@ -80,9 +124,18 @@ class EnginePool:
         Whole responses from plain-HTTP engines go through the lean client (the body is read
         too); streams and https engines through aiohttp (the body is read later).
         """
-        if not stream and self.client.target(engine.url) is not None:
-            return await self.client.post(engine.url, path, body)
-        return SessionReply(await self.session.post(engine.url + path, data=body, headers=_JSON))
+        engine.inflight += 1
+        try:
+            if not stream and self.client.target(engine.url) is not None:
+                reply: EngineResponse = await self.client.post(engine.url, path, body)
+            else:
+                reply = SessionReply(
+                    await self.session.post(engine.url + path, data=body, headers=_JSON)
+                )
+        except BaseException:
+            engine.inflight -= 1
+            raise
+        return Counted(reply, engine)
 
     @property
     def session(self) -> aiohttp.ClientSession:
@@ -106,14 +159,34 @@ class EnginePool:
         """The engine base URLs."""
         return [e.url for e in self.engines]
 
-    def order(self, model: str | None) -> list[EngineState]:
-        """Engines to try, best first: up before down, serving `model` before not."""
+    def order(self, model: str | None, *, adapter: bool = False) -> list[EngineState]:
+        """Engines to try, best first: up before down, serving `model` before not; then, for
+        an adapter, its rendezvous order (the second engine first when the first has more than
+        `slack` more calls in flight), else round robin."""
         n = len(self.engines)
-        start = next(self._turn) % n
-        rotated = self.engines[start:] + self.engines[:start]
         if n == 1:
-            return rotated
-        return sorted(rotated, key=lambda e: (not e.up, model is not None and not e.has(model)))
+            return list(self.engines)
+        if not adapter or model is None:
+            start = next(self._turn) % n
+            rotated = self.engines[start:] + self.engines[:start]
+            return sorted(rotated, key=lambda e: (not e.up, model is not None and not e.has(model)))
+        ranked = sorted(
+            self.engines, key=lambda e: (not e.up, not e.has(model), -affinity(e.url, model))
+        )
+        first, second = ranked[0], ranked[1]
+        same_footing = (first.up, first.has(model)) == (second.up, second.has(model))
+        if same_footing and first.inflight > second.inflight + self.slack:
+            ranked[0], ranked[1] = second, first
+        return ranked
+
+    async def refresh(self) -> None:
+        """Probe every engine that is up, once for all callers waiting at the same time."""
+        task = self._refreshing
+        if task is None or task.done():
+            up = [e for e in self.engines if e.up]
+            task = asyncio.ensure_future(asyncio.gather(*(self.probe(e) for e in up)))
+            self._refreshing = task
+        await asyncio.shield(task)
 
     async def probe(self, engine: EngineState) -> bool:
         """Read what the engine serves now (its kind's probe: /v1/models; a kind that lists no

@@ -65,6 +65,8 @@ class RouterRuntime:
     # The base model names the router may send to an engine (CFT_BASE_MODELS): a route's base
     # outside it is never sent, whatever the route says.
     bases: frozenset[str] = frozenset()
+    # Seconds a call for an adapter no engine has yet waits for its load (CFT_ROUTER_LOAD_WAIT).
+    load_wait: float = 10.0
     switch_interval: float | None = None  # the interpreter's value before start(), restored
     sink: LogSink | ProcessSink | None = None  # the log writer's sink (closed at stop)
     # key hash -> (fresh until, key); hashes being re-checked; when a failed re-check may be
@@ -150,7 +152,9 @@ def start(
 ) -> RouterRuntime:
     """Start the route listener, the reconciler (given one) and the log writer (call inside
     the running event loop)."""
-    engines = EnginePool(engine_urls, timeout=settings.engine_timeout)
+    engines = EnginePool(
+        engine_urls, timeout=settings.engine_timeout, slack=settings.router_affinity_slack
+    )
     running = reconciler(db_url, engines.engines, settings) if reconciler else None
     # No kick from the route table: the reconciler LISTENs on cft_adapter, which every change of an
     # adapter notifies, and passes on it.
@@ -176,6 +180,7 @@ def start(
         reconciler=running,
         key_ttl=settings.router_key_cache_ttl,
         bases=settings.served_base_models,
+        load_wait=settings.router_load_wait,
         switch_interval=sys.getswitchinterval(),
         sink=sink,
     )

@@ -62,6 +62,7 @@ def state_from_json(doc: dict[str, Any]) -> RouteState:
             Canary(c["id"], Decimal(c["traffic_pct"]), datetime.fromisoformat(c["created_at"]))
             for c in doc["canaries"]
         ],
+        fallback=doc.get("fallback") or "none",
     )
 
 

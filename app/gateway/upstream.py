@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import time
 from dataclasses import dataclass
@@ -9,7 +10,7 @@ from typing import Any
 
 import orjson
 
-from app.core.errors import Unavailable
+from app.core.errors import TooManyRequests, Unavailable
 from app.core.metrics import (
     ENGINE_FAILURES,
     ROUTER_FALLBACKS,
@@ -27,6 +28,8 @@ from app.gateway.service import RouterRuntime
 log = logging.getLogger("cft.gateway.upstream")
 
 RETRY_AFTER = "2"
+# How often a call waiting for an adapter's load looks at the engines again.
+LOAD_POLL_S = 0.25
 
 
 @dataclass(frozen=True, slots=True)
@@ -50,19 +53,59 @@ def engine_unavailable(message: str, headers: dict[str, str] | None = None) -> U
     )
 
 
-def _candidates(
-    engine: EngineState, state: RouteState, assignment: Assignment, bases: frozenset[str]
-) -> list[str]:
-    """Models to try on an engine, best first: the assigned adapter, prod, the base model.
+def _models(
+    state: RouteState, assignment: Assignment, bases: frozenset[str]
+) -> list[tuple[str, bool]]:
+    """(model, is it a fallback) to try, in order: the assigned model, then what the route's
+    fallback policy allows (prod for 'prod'; prod, then the base, for 'base').
 
     Only the route's own adapters (serve.route_state reads them by route) and a base the
     platform serves are ever sent: a route's base_model is never passed through unchecked,
     so it cannot name another tenant's adapter loaded on the same engine.
     """
-    out = [m for m in (assignment.adapter_id, state.prod) if m and engine.has(m)]
-    if state.base_model in bases:
-        out.append(state.base_model)
-    return list(dict.fromkeys(out))
+    want = assignment.adapter_id or state.base_model
+    out = [(want, False)]
+    if assignment.adapter_id is not None and state.fallback in ("prod", "base"):
+        if state.prod and state.prod != want:
+            out.append((state.prod, True))
+        if state.fallback == "base" and state.base_model in bases:
+            out.append((state.base_model, True))
+    return out
+
+
+async def _loaded_somewhere(runtime: RouterRuntime, model: str) -> bool:
+    """True once an engine that is up lists `model`; waits up to CFT_ROUTER_LOAD_WAIT for
+    the load (the reconciler is woken, the engines probed every LOAD_POLL_S)."""
+    engines = runtime.engines
+
+    def listed() -> bool:
+        return any(e.up and e.has(model) for e in engines.engines)
+
+    if listed():
+        return True
+    if any(e.models is None for e in engines.engines):
+        await engines.refresh()
+        if listed():
+            return True
+    if runtime.reconciler is not None:
+        runtime.reconciler.kick()
+    deadline = time.monotonic() + runtime.load_wait
+    while time.monotonic() < deadline:
+        await asyncio.sleep(min(LOAD_POLL_S, max(0.0, deadline - time.monotonic())))
+        await engines.refresh()
+        if listed():
+            return True
+    return False
+
+
+def adapter_not_loaded(state: RouteState, model: str, why: str) -> Unavailable:
+    """The 503 for an adapter the fleet cannot serve now, when the route allows no fallback."""
+    return Unavailable(
+        f"adapter {model!r} of route {state.name!r} {why}; the route's fallback policy is"
+        f" {state.fallback!r}, so no other model answers in its place: retry shortly",
+        code="adapter_not_loaded",
+        headers={"Retry-After": RETRY_AFTER},
+    )
 
 
 async def _adapter_failed(
@@ -111,7 +154,13 @@ async def send(
     path: str,
     stream: bool,
 ) -> Sent:
-    """Send to the first engine and model that answer (503 when none does)."""
+    """Send to the first engine that answers with the assigned model; another model only as
+    the route's fallback policy allows; 503 when nothing may answer.
+
+    An adapter goes to its engines in rendezvous order (EnginePool.order); an engine that
+    refuses it (404, or its kind's "not loaded") or answers 429 passes the call to the next
+    engine that lists it before any fallback. An adapter no engine lists yet is waited for
+    (CFT_ROUTER_LOAD_WAIT)."""
     engines = runtime.engines
     want = assignment.adapter_id or state.base_model
     if want == state.base_model and state.base_model not in runtime.bases:
@@ -121,14 +170,24 @@ async def send(
             " must serve it or the route be recreated on a served base",
             code="base_model_not_served",
         )
+    missing = assignment.adapter_id is not None and not await _loaded_somewhere(
+        runtime, assignment.adapter_id
+    )
     failed_adapter = False
-    order = engines.order(assignment.adapter_id)
-    up = [e for e in order if e.up] or order
-    for engine in up:
-        if engine.models is None and not await engines.probe(engine):
-            ENGINE_FAILURES.labels(engine.url, "probe").inc()
+    busy = False  # an engine answered 429: the call goes on to the next
+    reached = False
+    for model, fallback in _models(state, assignment, runtime.bases):
+        is_adapter = model != state.base_model
+        if model == want and missing:
             continue
-        for model in _candidates(engine, state, assignment, runtime.bases):
+        for engine in engines.order(model, adapter=is_adapter):
+            if engine.models is None and not await engines.probe(engine):
+                ENGINE_FAILURES.labels(engine.url, "probe").inc()
+                continue
+            if not engine.up and reached:
+                continue
+            if is_adapter and not engine.has(model):
+                continue  # never route to an adapter the engine does not list
             # The engine's kind decides how a model is named (SGLang base:adapter, LoRAX path).
             body.pop("adapter_source", None)
             body |= kind_of(engine.kind).model_fields(
@@ -141,8 +200,8 @@ async def send(
                 engine.mark_down()
                 ENGINE_FAILURES.labels(engine.url, type(exc).__name__).inc()
                 log.warning("engine %s failed (%r): trying the next one", engine.url, exc)
-                break
-            is_adapter = model != state.base_model
+                continue
+            reached = True
             child(ROUTER_LATENCY, "lora" if is_adapter else "base").observe(
                 time.perf_counter() - started
             )
@@ -151,8 +210,26 @@ async def send(
                 failed_adapter = True
                 continue
             why = None
-            if model != want:
+            if fallback:
                 why = "adapter_error" if failed_adapter else "not_loaded"
+            if resp.status == 429:
+                resp.finish()
+                busy = True  # another engine may take it
+                continue
+            if why is not None:
                 child(ROUTER_FALLBACKS, why).inc()
             return Sent(resp, engine, model, why, started)
+        if busy:
+            raise TooManyRequests(
+                f"every engine serving {model!r} is busy (429); retry shortly",
+                code="engine_busy",
+                headers={"Retry-After": RETRY_AFTER},
+            )
+    if assignment.adapter_id is not None and (missing or failed_adapter):
+        why = (
+            "failed on every engine that has it"
+            if failed_adapter
+            else (f"is not loaded on any engine (waited {runtime.load_wait:g} s for its load)")
+        )
+        raise adapter_not_loaded(state, assignment.adapter_id, why)
     raise engine_unavailable("no inference engine is reachable; retry shortly")

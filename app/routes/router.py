@@ -1,19 +1,28 @@
-"""HTTP: `POST /v1/routes`, `GET /v1/routes`, `GET /v1/routes/{name}`."""
+"""HTTP: `POST /v1/routes`, `GET /v1/routes`, `GET /v1/routes/{name}`, `PATCH /v1/routes/{name}`."""
 
 from __future__ import annotations
 
 from datetime import datetime
-from typing import Any
+from typing import Any, Literal
 
 from fastapi import APIRouter, Request
 from pydantic import BaseModel, ConfigDict, Field
 
-from app.core.auth import ReaderKey, TenantConn, TrainerKey
+from app.core.auth import ReaderKey, ReleaseKey, TenantConn, TrainerKey
 from app.core.config import Settings
 from app.core.errors import NotFound
 from app.routes import service as routes
 
 router = APIRouter(tags=["routes"])
+
+
+Fallback = Literal["none", "prod", "base"]
+FALLBACK = (
+    "What answers a call whose assigned adapter cannot (not loaded on any engine after the"
+    " router's wait, or failed on each): none (a 503 adapter_not_loaded with Retry-After), prod"
+    " (the route's prod), base (prod, then the base model). A fallback answer belongs to no arm"
+    " of an experiment."
+)
 
 
 class RouteCreate(BaseModel):
@@ -29,6 +38,15 @@ class RouteCreate(BaseModel):
         description="One of the served base models (CFT_BASE_MODELS); default: CFT_BASE_MODEL.",
     )
     experiment: str | None = Field(None, max_length=128, description="Canary split salt.")
+    fallback: Fallback = Field("none", description=FALLBACK)
+
+
+class RouteUpdate(BaseModel):
+    """What a release manager may change on a route."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    fallback: Fallback = Field(description=FALLBACK)
 
 
 class RouteOut(BaseModel):
@@ -38,6 +56,7 @@ class RouteOut(BaseModel):
     tenant_id: int
     base_model: str
     experiment: str | None
+    fallback: Fallback
     created_at: datetime
 
 
@@ -53,6 +72,7 @@ def create_route(
         name=body.name,
         base_model=body.base_model or settings.base_model,
         experiment=body.experiment,
+        fallback=body.fallback,
         served=settings.served_base_models,
     )
     return RouteOut(**row)
@@ -68,6 +88,16 @@ def list_routes(conn: TenantConn, key: ReaderKey) -> list[RouteOut]:
 def read_route(name: str, conn: TenantConn, key: ReaderKey) -> RouteOut:
     """One of the caller's routes."""
     row = routes.get_route(conn, name=name)
+    if row is None:
+        raise NotFound(f"no route named {name!r} for this tenant")
+    return RouteOut(**row)
+
+
+@router.patch("/v1/routes/{name}")
+def update_route(name: str, body: RouteUpdate, conn: TenantConn, key: ReleaseKey) -> RouteOut:
+    """Change what answers when a route's adapter cannot (release key: it decides what the
+    route's users are served)."""
+    row = routes.set_fallback(conn, name=name, fallback=body.fallback)
     if row is None:
         raise NotFound(f"no route named {name!r} for this tenant")
     return RouteOut(**row)

@@ -9,7 +9,7 @@ import psycopg
 from app.core.db import Connection
 from app.core.errors import BadRequest, Conflict, Unprocessable
 
-COLUMNS = "name, tenant_id, base_model, experiment, created_at"
+COLUMNS = "name, tenant_id, base_model, experiment, fallback, created_at"
 
 
 def check_base_model(base_model: str, served: frozenset[str]) -> None:
@@ -31,15 +31,16 @@ def create_route(
     base_model: str,
     experiment: str | None,
     served: frozenset[str],
+    fallback: str = "none",
 ) -> dict[str, Any]:
     """Insert a route on a served base model; 409 if the name is taken."""
     check_base_model(base_model, served)
     try:
         with conn.transaction():
             row: dict[str, Any] | None = conn.execute(
-                f"INSERT INTO serve.route (name, tenant_id, base_model, experiment)"
-                f" VALUES (%s, %s, %s, %s) RETURNING {COLUMNS}",
-                (name, tenant_id, base_model, experiment),
+                f"INSERT INTO serve.route (name, tenant_id, base_model, experiment, fallback)"
+                f" VALUES (%s, %s, %s, %s, %s) RETURNING {COLUMNS}",
+                (name, tenant_id, base_model, experiment, fallback),
             ).fetchone()
     except psycopg.errors.UniqueViolation as exc:
         raise Conflict(f"a route named {name!r} already exists", code="route_exists") from exc
@@ -64,3 +65,13 @@ def get_route(conn: Connection, *, name: str) -> dict[str, Any] | None:
 def list_routes(conn: Connection) -> list[dict[str, Any]]:
     """The routes visible to the connection's tenant."""
     return conn.execute(f"SELECT {COLUMNS} FROM serve.route ORDER BY name").fetchall()
+
+
+def set_fallback(conn: Connection, *, name: str, fallback: str) -> dict[str, Any] | None:
+    """Set a route's fallback policy (routers apply it at commit: NOTIFY cft_route); None if
+    the connection's tenant has no such route."""
+    row: dict[str, Any] | None = conn.execute(
+        f"UPDATE serve.route SET fallback = %s WHERE name = %s RETURNING {COLUMNS}",
+        (fallback, name),
+    ).fetchone()
+    return row

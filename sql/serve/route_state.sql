@@ -9,7 +9,7 @@ CREATE OR REPLACE FUNCTION serve.route_state(p_route text) RETURNS jsonb
 LANGUAGE sql STABLE AS $$
   SELECT jsonb_build_object(
            'name', r.name, 'tenant_id', r.tenant_id, 'base_model', r.base_model,
-           'experiment', r.experiment,
+           'experiment', r.experiment, 'fallback', r.fallback,
            'prod', (SELECT a.id FROM serve.adapter a WHERE a.route = r.name AND a.status = 'prod'
                      ORDER BY a.created_at, a.id LIMIT 1),
            'canaries', coalesce(
@@ -88,6 +88,6 @@ $$;
 
 DROP TRIGGER IF EXISTS route_notify ON serve.route;
 CREATE CONSTRAINT TRIGGER route_notify
-  AFTER DELETE OR UPDATE OF name, tenant_id, base_model, experiment ON serve.route
+  AFTER DELETE OR UPDATE OF name, tenant_id, base_model, experiment, fallback ON serve.route
   DEFERRABLE INITIALLY DEFERRED
   FOR EACH ROW EXECUTE FUNCTION serve.route_notify();

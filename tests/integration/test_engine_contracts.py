@@ -56,7 +56,11 @@ class Stack:
                 (self.route["name"],),
             )
         self.settings = get_settings().model_copy(
-            update={"serving_dir": tmp_path / "serving", "reconcile_interval": 0.2}
+            update={
+                "serving_dir": tmp_path / "serving",
+                "reconcile_interval": 0.2,
+                "router_load_wait": 0.5,
+            }
         )
 
     def adapter(self, *, status: str, pct: int = 0, rank: int = 8, tamper: bool = False) -> str:
@@ -98,6 +102,10 @@ class Stack:
                 "SELECT * FROM serve.adapter_deployment WHERE adapter_id = %s", (adapter_id,)
             ).fetchone()
         return row or {}
+
+    def sql(self, query: str, *args: Any) -> None:
+        with psycopg.connect(self.db_url, autocommit=True) as c:
+            c.execute(query, args)
 
     def call(self, api: str, user: str = "u1") -> httpx.Response:
         return httpx.post(
@@ -164,7 +172,17 @@ def test_vllm_kind_load_route_refuse_unload(stack: Stack) -> None:
             assert failed and "LoRA rank 32 is greater than max_lora_rank 16" in str(
                 stack.deployment(big)["error"]
             )
-            assert {stack.call(api, f"u{i}").headers["x-cft-adapter"] for i in range(8)} == {prod}
+            # Never routed to: its users get a 503 that says so (the route has no fallback),
+            # the others prod.
+            got = set()
+            for i in range(16):
+                r = stack.call(api, f"u{i}")
+                got.add(
+                    r.headers["x-cft-adapter"]
+                    if r.status_code == 200
+                    else r.json()["error"]["code"]
+                )
+            assert got == {prod, "adapter_not_loaded"}
             stack.retire(prod)
             wait_until(lambda: prod not in fake.loras, "unload")
             wait_until(lambda: stack.deployment(prod)["state"] == "unloaded", "unload recorded")
@@ -179,6 +197,14 @@ def test_vllm_without_runtime_lora_updating_is_a_readable_failure(stack: Stack) 
         with serve_app(app) as api:
             row = wait_until(lambda: stack.deployment(prod).get("error"), "failure")
             assert "VLLM_ALLOW_RUNTIME_LORA_UPDATING=True" in row
+            # No silent base answer: the route's fallback is 'none' unless a release sets one.
+            refused = stack.call(api)
+            assert refused.status_code == 503, refused.text
+            assert refused.json()["error"]["code"] == "adapter_not_loaded"
+            stack.sql(
+                "UPDATE serve.route SET fallback = 'base' WHERE name = %s", stack.route["name"]
+            )
+            wait_until(lambda: stack.call(api).status_code == 200, "fallback applied")
             resp = stack.call(api)
             assert resp.headers["x-cft-adapter"] == BASE
             assert resp.headers["x-cft-fallback"] == "not_loaded"
@@ -189,6 +215,8 @@ def test_sglang_kind_loads_names_base_colon_adapter_and_unloads(stack: Stack) ->
     # Passes only on start, NOTIFY and the router's kick: the eviction below stays unseen
     # until the router meets it.
     stack.settings = stack.settings.model_copy(update={"reconcile_interval": 60.0})
+    # This route lets the base answer while its adapter is reloaded (fallback 'base').
+    stack.sql("UPDATE serve.route SET fallback = 'base' WHERE name = %s", stack.route["name"])
     prod = stack.adapter(status="prod", pct=100)
     with serve_app(fake.app, ready_path="/health") as engine:
         app = create_app(stack.settings, db_url=stack.db_url, engine_urls=[f"sglang+{engine}"])
@@ -240,14 +268,21 @@ def test_lorax_kind_stages_verified_files_and_names_the_adapter_per_request(
             # No load call: the adapter is named in the call and loaded on first use.
             assert not any("load" in p for p in fake.paths())
             assert fake.loaded == {}
-            for i in range(6):
+            served = 0
+            for i in range(12):
                 resp = stack.call(api, f"user-{i}")
+                if resp.status_code == 503:  # the tampered canary's users: never served by it
+                    assert resp.json()["error"]["code"] == "adapter_not_loaded", resp.text
+                    continue
                 assert resp.status_code == 200, resp.text
-                assert resp.headers["x-cft-adapter"] == prod  # the tampered canary never
-            assert fake.loaded == {str(staged): 6}
+                assert resp.headers["x-cft-adapter"] == prod
+                served += 1
+            assert 0 < served < 12
+            assert fake.loaded == {str(staged): served}
             body = next(b for p, b in reversed(fake.requests) if p == "/v1/completions")
             assert body["model"] == str(staged) and body["adapter_source"] == "local"
             stack.retire(prod)
+            stack.retire(bad)
             wait_until(lambda: stack.deployment(prod)["state"] == "unloaded", "unload recorded")
             resp = stack.call(api)
             assert resp.headers["x-cft-adapter"] == BASE and fake.served[-1] == ""

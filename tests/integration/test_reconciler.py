@@ -92,7 +92,11 @@ class World:
                 (self.route["name"],),
             )
         self.settings = get_settings().model_copy(
-            update={"serving_dir": tmp_path / "serving", "reconcile_interval": 0.3}
+            update={
+                "serving_dir": tmp_path / "serving",
+                "reconcile_interval": 0.3,
+                "router_load_wait": 0.5,
+            }
         )
 
     def adapter(self, which: int, *, status: str, pct: int = 0, tamper: bool = False, score=0.5):
@@ -153,7 +157,14 @@ def test_loads_refuses_tampered_falls_back_and_unloads_on_retire(world: World, e
         refused = wait_until(lambda: deployment(world.db_url, bad), what="refusal")
         assert refused["state"] == "failed" and "sha256" in refused["error"]
         assert bad not in engine_models(engine)
-        # The canary holds 100 % of users but is not loaded: they get prod, and it shows.
+        # The canary holds 100 % of users but is not loaded: with no fallback (the default),
+        # a 503 that says so; with the route's fallback 'prod', they get prod, and it shows.
+        refused = world.call(api)
+        assert refused.status_code == 503, refused.text
+        assert refused.json()["error"]["code"] == "adapter_not_loaded"
+        assert refused.headers["retry-after"]
+        world.sql("UPDATE serve.route SET fallback = 'prod' WHERE name = %s", world.route["name"])
+        wait_until(lambda: world.call(api).status_code == 200, what="fallback applied")
         resp = world.call(api)
         assert resp.status_code == 200, resp.text
         assert resp.headers["x-cft-adapter"] == prod

@@ -92,6 +92,7 @@ EXPECTED: dict[str, frozenset[str]] = {
     "POST /v1/routes": frozenset({"trainer", "admin"}),
     "GET /v1/routes": READ,
     "GET /v1/routes/{name}": READ,
+    "PATCH /v1/routes/{name}": frozenset({"release", "admin"}),
     "PUT /v1/routes/{name}/loop": frozenset({"trainer", "release", "admin"}),
     "GET /v1/routes/{name}/loop": READ,
     "GET /v1/loop/cycles/{cycle_id}": READ,

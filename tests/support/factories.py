@@ -27,10 +27,12 @@ def make_route(conn: Any, *, tenant_id: int, **over: Any) -> dict[str, Any]:
         "name": f"route-{next(_seq)}",
         "base_model": "smollm2-135m-instruct",
         "experiment": None,
+        "fallback": "none",
     } | over
     return conn.execute(  # type: ignore[no-any-return]
-        "INSERT INTO serve.route (name, tenant_id, base_model, experiment)"
-        " VALUES (%(name)s, %(tenant_id)s, %(base_model)s, %(experiment)s) RETURNING *",
+        "INSERT INTO serve.route (name, tenant_id, base_model, experiment, fallback)"
+        " VALUES (%(name)s, %(tenant_id)s, %(base_model)s, %(experiment)s, %(fallback)s)"
+        " RETURNING *",
         row | {"tenant_id": tenant_id},
     ).fetchone()
 

@@ -7,5 +7,7 @@ CREATE TABLE serve.route (
   created_at  timestamptz NOT NULL DEFAULT now(),
   max_canary_pct numeric(5,2) NOT NULL DEFAULT 50
               CHECK (max_canary_pct BETWEEN 0 AND 100),  -- ceiling of all canaries' share
+  -- What answers when the assigned adapter cannot: none (a 503), prod, base (prod, then base).
+  fallback    text NOT NULL DEFAULT 'none' CHECK (fallback IN ('none', 'prod', 'base')),
   UNIQUE (name, tenant_id)
 );

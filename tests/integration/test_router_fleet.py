@@ -1,0 +1,223 @@
+"""The router over several engine replicas (real router, real PostgreSQL, real HTTP; the engines
+are tests/support/engines.py's vLLM stand-ins): an adapter sticks to its rendezvous engine, a
+busy or refusing replica passes the call on, and an adapter no engine has is never answered by
+another model unless the route's fallback policy says so."""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections import Counter
+from collections.abc import Iterator
+from typing import Any
+
+import httpx
+import psycopg
+import pytest
+from fastapi.responses import JSONResponse, Response
+from psycopg.rows import dict_row
+
+from app.core.auth import create_key
+from app.core.config import get_settings
+from app.main import create_app
+from tests.support.engines import FakeVLLM
+from tests.support.factories import make_adapter, make_route, make_tenant
+from tests.support.servers import serve_app
+
+BASE = "smollm2-135m-instruct"
+LOAD_WAIT = 1.5
+
+
+class Replica(FakeVLLM):
+    """A vLLM stand-in that can be made to answer 429 (its scheduler full)."""
+
+    def __init__(self) -> None:
+        super().__init__(BASE)
+        self.busy = False
+        inner = self._generate
+
+        def generate(body: dict[str, Any], kind: str) -> Response:
+            if self.busy:
+                return JSONResponse(
+                    {"error": {"message": "busy", "type": "RateLimitError", "code": 429}},
+                    status_code=429,
+                    headers={"Retry-After": "1"},
+                )
+            return inner(body, kind)
+
+        self._generate = generate  # type: ignore[method-assign]
+
+
+@pytest.fixture
+def fleet(db_url: str) -> Iterator[dict[str, Any]]:
+    """Two replicas, twelve routes each with a prod adapter loaded on both, keys, the API."""
+    replicas = [Replica(), Replica()]
+    with psycopg.connect(db_url, autocommit=True, row_factory=dict_row) as c:
+        tenant = make_tenant(c)
+        routes = [make_route(c, tenant_id=tenant["id"], base_model=BASE) for _ in range(12)]
+        prods = [make_adapter(c, route=r, status="prod", traffic_pct=100)["id"] for r in routes]
+        client = create_key(c, tenant_id=tenant["id"], role="client")
+        release = create_key(c, tenant_id=tenant["id"], role="release")
+    for replica in replicas:
+        replica.loras.update({p: f"/srv/{p}" for p in prods})
+    settings = get_settings().model_copy(update={"router_load_wait": LOAD_WAIT})
+    with (
+        serve_app(replicas[0].app, ready_path="/health") as e0,
+        serve_app(replicas[1].app, ready_path="/health") as e1,
+    ):
+        app = create_app(settings, db_url=db_url, engine_urls=[f"vllm+{e0}", f"vllm+{e1}"])
+        with serve_app(app) as api:
+            yield {
+                "api": api,
+                "db_url": db_url,
+                "replicas": replicas,
+                "routes": routes,
+                "prods": prods,
+                "client": client,
+                "release": release,
+            }
+
+
+def call(fleet: dict[str, Any], route: dict[str, Any], user: str = "u1") -> httpx.Response:
+    return httpx.post(
+        f"{fleet['api']}/v1/chat/completions",
+        json={
+            "model": route["name"],
+            "messages": [{"role": "user", "content": "Hi"}],
+            "max_tokens": 2,
+            "user": user,
+        },
+        headers={"Authorization": f"Bearer {fleet['client']}"},
+        timeout=30,
+    )
+
+
+def served_by(fleet: dict[str, Any], adapter: str) -> set[int]:
+    return {i for i, r in enumerate(fleet["replicas"]) if adapter in r.served}
+
+
+def test_an_adapter_sticks_to_one_replica_and_adapters_spread(fleet: dict[str, Any]) -> None:
+    for route, prod in zip(fleet["routes"], fleet["prods"], strict=True):
+        for user in ("a", "b", "c"):
+            resp = call(fleet, route, user)
+            assert resp.status_code == 200, resp.text
+            assert resp.headers["x-cft-adapter"] == prod
+            assert "x-cft-fallback" not in resp.headers
+        assert len(served_by(fleet, prod)) == 1, prod  # every call of it on the same replica
+    per_replica = Counter(next(iter(served_by(fleet, p))) for p in fleet["prods"])
+    assert set(per_replica) == {0, 1}, per_replica  # each replica caches a share
+
+
+def test_a_busy_or_refusing_replica_passes_the_call_on(fleet: dict[str, Any]) -> None:
+    route, prod = fleet["routes"][0], fleet["prods"][0]
+    assert call(fleet, route).status_code == 200
+    first = next(iter(served_by(fleet, prod)))
+    other = fleet["replicas"][1 - first]
+    # Its first replica answers 429: the other takes the call, with the same adapter.
+    fleet["replicas"][first].busy = True
+    resp = call(fleet, route)
+    assert resp.status_code == 200, resp.text
+    assert resp.headers["x-cft-adapter"] == prod and "x-cft-fallback" not in resp.headers
+    assert other.served[-1] == prod
+    # Both busy: a 429 with Retry-After that says so.
+    other.busy = True
+    resp = call(fleet, route)
+    assert resp.status_code == 429 and resp.headers["retry-after"]
+    assert resp.json()["error"]["code"] == "engine_busy"
+    other.busy = fleet["replicas"][first].busy = False
+    # Its first replica lost it (restart, eviction): vLLM's 404; the other replica answers.
+    del fleet["replicas"][first].loras[prod]
+    resp = call(fleet, route)
+    assert resp.status_code == 200, resp.text
+    assert resp.headers["x-cft-adapter"] == prod and "x-cft-fallback" not in resp.headers
+    assert other.served[-1] == prod
+
+
+def _log_row(db_url: str, request_id: str) -> dict[str, Any]:
+    with psycopg.connect(db_url, autocommit=True, row_factory=dict_row) as c:
+        deadline = time.monotonic() + 15
+        while True:
+            row = c.execute(
+                "SELECT status, adapter_id, variant FROM obs.inference_log WHERE request_id = %s",
+                (request_id,),
+            ).fetchone()
+            if row is not None or time.monotonic() > deadline:
+                assert row is not None, f"no log row for {request_id}"
+                return row
+            time.sleep(0.1)
+
+
+def test_no_silent_base_answer_unless_the_route_says_so(fleet: dict[str, Any]) -> None:
+    route, prod = fleet["routes"][1], fleet["prods"][1]
+    for replica in fleet["replicas"]:
+        del replica.loras[prod]
+    # No engine has it: the call waits for the load, then a 503 that says so; its log row
+    # names the adapter it was for, never the base.
+    started = time.monotonic()
+    resp = call(fleet, route)
+    waited = time.monotonic() - started
+    assert resp.status_code == 503, resp.text
+    assert resp.json()["error"]["code"] == "adapter_not_loaded"
+    assert resp.headers["retry-after"] and LOAD_WAIT <= waited < LOAD_WAIT + 5
+    assert prod in resp.json()["error"]["message"]
+    row = _log_row(fleet["db_url"], resp.headers["x-request-id"])
+    assert row["status"] == "error" and row["adapter_id"] == prod
+    assert BASE not in {m for r in fleet["replicas"] for m in r.served}
+
+    # Loaded while the call waits (the reconciler's load landing): the adapter answers.
+    def load_later() -> None:
+        time.sleep(0.4)
+        fleet["replicas"][0].loras[prod] = f"/srv/{prod}"
+
+    threading.Thread(target=load_later, daemon=True).start()
+    resp = call(fleet, route)
+    assert resp.status_code == 200, resp.text
+    assert resp.headers["x-cft-adapter"] == prod and "x-cft-fallback" not in resp.headers
+
+    # A release key lets the base answer meanwhile (fallback 'base'); the answer says so and
+    # its log row names the base, in no arm.
+    del fleet["replicas"][0].loras[prod]
+    headers = {"Authorization": f"Bearer {fleet['release']}"}
+    patched = httpx.patch(
+        f"{fleet['api']}/v1/routes/{route['name']}",
+        json={"fallback": "base"},
+        headers=headers,
+        timeout=10,
+    )
+    assert patched.status_code == 200 and patched.json()["fallback"] == "base", patched.text
+    client_key = {"Authorization": f"Bearer {fleet['client']}"}
+    assert (
+        httpx.patch(
+            f"{fleet['api']}/v1/routes/{route['name']}",
+            json={"fallback": "none"},
+            headers=client_key,
+            timeout=10,
+        ).status_code
+        == 403
+    )
+    bad = httpx.patch(
+        f"{fleet['api']}/v1/routes/{route['name']}",
+        json={"fallback": "anything"},
+        headers=headers,
+        timeout=10,
+    )
+    assert bad.status_code in (400, 422) and "fallback" in bad.text
+    deadline = time.monotonic() + 10
+    while (resp := call(fleet, route)).status_code != 200:  # the route's NOTIFY reaching it
+        assert time.monotonic() < deadline, resp.text
+        time.sleep(0.1)
+    assert resp.headers["x-cft-adapter"] == BASE
+    # not_loaded, or adapter_error when a replica still listed it and refused it first.
+    assert resp.headers["x-cft-fallback"] in ("not_loaded", "adapter_error")
+    row = _log_row(fleet["db_url"], resp.headers["x-request-id"])
+    assert row["adapter_id"] == BASE and row["variant"] is None
+
+
+def test_fallback_is_part_of_the_route(fleet: dict[str, Any]) -> None:
+    api, route = fleet["api"], fleet["routes"][2]
+    got = httpx.get(
+        f"{api}/v1/routes/{route['name']}",
+        headers={"Authorization": f"Bearer {fleet['release']}"},
+        timeout=10,
+    )
+    assert got.status_code == 200 and got.json()["fallback"] == "none"
