@@ -27,3 +27,41 @@ CREATE OR REPLACE TRIGGER route_base_guard BEFORE INSERT OR UPDATE OF base_model
   FOR EACH ROW EXECUTE FUNCTION serve.route_base_guard();
 CREATE OR REPLACE TRIGGER adapter_base_guard BEFORE INSERT OR UPDATE OF id ON serve.adapter
   FOR EACH ROW EXECUTE FUNCTION serve.route_base_guard();
+
+-- An adapter serves its route's base: an adapter trained on another base is refused where it
+-- is registered or moved (engines would load it onto a model it was not trained for), and a
+-- route keeps its base while an adapter of it is a candidate, canary or prod. As the owner:
+-- the caller's tenant may not see every row, and a key of another tenant sees nothing anyway.
+CREATE OR REPLACE FUNCTION serve.adapter_base_binding() RETURNS trigger
+LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
+DECLARE
+  v_base text;
+BEGIN
+  IF TG_TABLE_NAME = 'adapter' THEN
+    SELECT r.base_model INTO v_base FROM serve.route r
+     WHERE r.name = NEW.route AND r.tenant_id = NEW.tenant_id;
+    IF FOUND AND v_base IS DISTINCT FROM NEW.base_model THEN
+      RAISE check_violation USING
+        MESSAGE = pg_catalog.format('adapter %s is built on %s, but route %s serves %s',
+                                    NEW.id, NEW.base_model, NEW.route, v_base),
+        HINT = 'Train (or import) the adapter on the route''s base model.';
+    END IF;
+  ELSIF NEW.base_model IS DISTINCT FROM OLD.base_model AND EXISTS (
+      SELECT 1 FROM serve.adapter a
+       WHERE a.route = NEW.name AND a.tenant_id = NEW.tenant_id
+         AND a.status IN ('candidate', 'canary', 'prod') AND a.base_model <> NEW.base_model) THEN
+    RAISE check_violation USING
+      MESSAGE = pg_catalog.format('route %s has adapters on %s: its base cannot become %s',
+                                  NEW.name, OLD.base_model, NEW.base_model),
+      HINT = 'Retire them first, or create a new route on the new base.';
+  END IF;
+  RETURN NEW;
+END
+$$;
+REVOKE ALL ON FUNCTION serve.adapter_base_binding() FROM PUBLIC;
+
+CREATE OR REPLACE TRIGGER adapter_base_binding
+  BEFORE INSERT OR UPDATE OF base_model, route, tenant_id ON serve.adapter
+  FOR EACH ROW EXECUTE FUNCTION serve.adapter_base_binding();
+CREATE OR REPLACE TRIGGER route_base_binding BEFORE UPDATE OF base_model ON serve.route
+  FOR EACH ROW EXECUTE FUNCTION serve.adapter_base_binding();

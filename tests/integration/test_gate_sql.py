@@ -229,7 +229,11 @@ def test_missing_adapters_other_route_and_other_base_are_refused(conn, world):
     other = make_route(conn, tenant_id=world["tenant"]["id"])
     elsewhere = make_adapter(conn, route=other, status="prod", traffic_pct=100)["id"]
     assert "route" in reasons(conn, world["cand"], elsewhere)[0]
-    rebased = make_adapter(conn, route=world["route"], base_model="other-base")["id"]
+    # Another base is refused where the adapter is registered; another revision of the same
+    # base is registered, and the gate finds it not comparable.
+    with pytest.raises(psycopg.errors.CheckViolation, match="but route"), conn.transaction():
+        make_adapter(conn, route=world["route"], base_model="other-base")
+    rebased = make_adapter(conn, route=world["route"], base_revision="other-rev")["id"]
     result(conn, rebased, "tasks", "accuracy", 0.9)
     result(conn, rebased, "heldout", "loss", 1.0)
     assert "not comparable" in reasons(conn, rebased, world["prod"])[0]
@@ -544,3 +548,19 @@ def test_canary_ceiling_holds_for_a_raw_sql_update(conn, world):
         "UPDATE serve.route SET max_canary_pct = 95 WHERE name = %s", (world["route"]["name"],)
     )
     conn.execute("UPDATE serve.adapter SET traffic_pct = 95 WHERE id = %s", (world["cand"],))
+
+
+def test_a_route_keeps_its_base_while_its_adapters_live(conn, world):
+    with pytest.raises(psycopg.errors.CheckViolation, match="cannot become"), conn.transaction():
+        conn.execute(
+            "UPDATE serve.route SET base_model = 'other-base' WHERE name = %s",
+            (world["route"]["name"],),
+        )
+    conn.execute(
+        "UPDATE serve.adapter SET status = 'retired', traffic_pct = 0 WHERE route = %s",
+        (world["route"]["name"],),
+    )
+    conn.execute(
+        "UPDATE serve.route SET base_model = 'other-base' WHERE name = %s",
+        (world["route"]["name"],),
+    )
