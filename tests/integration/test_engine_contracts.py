@@ -286,3 +286,35 @@ def test_lorax_kind_stages_verified_files_and_names_the_adapter_per_request(
             wait_until(lambda: stack.deployment(prod)["state"] == "unloaded", "unload recorded")
             resp = stack.call(api)
             assert resp.headers["x-cft-adapter"] == BASE and fake.served[-1] == ""
+
+
+def test_one_reconciler_leads_the_fleet_and_another_takes_over(stack: Stack) -> None:
+    """API replicas each run a reconciler: one loads and unloads (an advisory lock), the others
+    only read what the engines serve, and one of them leads once the leader is gone."""
+    from app.engines.state import EngineState
+    from workers.reconciler.reconciler import Reconciler
+
+    fake = FakeVLLM(BASE)
+    prod = stack.adapter(status="prod", pct=100)
+    with serve_app(fake.app, ready_path="/health") as url:
+        engines = [[EngineState.parse(f"vllm+{url}")] for _ in range(2)]
+        first, second = (
+            Reconciler(
+                stack.db_url, e, serving_dir=stack.settings.serving_path, settings=stack.settings
+            )
+            for e in engines
+        )
+        try:
+            first.run_once()
+            second.run_once()
+            assert first.leader and not second.leader
+            loads = [p for p in fake.paths() if p == "/v1/load_lora_adapter"]
+            assert loads == ["/v1/load_lora_adapter"] and prod in fake.loras
+            assert engines[1][0].has(prod)  # the follower knows what the engine serves
+            first.close()
+            canary = stack.adapter(status="canary", pct=10)
+            second.run_once()
+            assert second.leader and canary in fake.loras
+        finally:
+            first.close()
+            second.close()

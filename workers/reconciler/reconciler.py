@@ -57,6 +57,10 @@ CHANNEL = "cft_adapter"
 
 # A refused artefact (sha256 mismatch, fetch failure) is retried after this many seconds.
 RETRY_FAILED_AFTER = 60.0
+# One reconciler per fleet loads and unloads: the one whose kept connection holds this session
+# advisory lock (the others, in other API replicas, only read what the engines serve, and take
+# over at their next pass once the leader's connection is gone).
+LEADER_LOCK = 0x63667401
 
 
 @dataclass(frozen=True)
@@ -109,6 +113,8 @@ class Reconciler:
         self._thread: threading.Thread | None = None
         self._failed_at: dict[tuple[str, str], float] = {}  # (adapter, engine)
         self.passes = 0
+        # True while the kept connection holds LEADER_LOCK.
+        self.leader = False
         self.last: PassReport | None = None
         self.ready = threading.Event()
 
@@ -119,9 +125,17 @@ class Reconciler:
         report = PassReport()
         try:
             conn = self._connection()
+            if not self.leader:
+                row = conn.execute("SELECT pg_try_advisory_lock(%s) AS ok", (LEADER_LOCK,))
+                self.leader = bool(row.fetchone()["ok"])  # type: ignore[index]
+                if self.leader:
+                    log.info("reconciler leads the fleet (loads and unloads for every engine)")
             desired = self._desired(conn)
             for engine in self.engines:
-                self._reconcile_engine(conn, engine, desired, report)
+                if self.leader:
+                    self._reconcile_engine(conn, engine, desired, report)
+                else:
+                    self._follow_engine(conn, engine, desired)
         except psycopg.Error as exc:
             self._close_connection()  # the next pass (or the loop) opens another
             RECONCILER_ERRORS.labels("db").inc()
@@ -142,6 +156,28 @@ class Reconciler:
             " ORDER BY status DESC, id"
         ).fetchall()
         return {r["id"]: Desired(**r) for r in rows}
+
+    def _follow_engine(
+        self, conn: Connection, engine: EngineState, desired: dict[str, Desired]
+    ) -> None:
+        """Another reconciler leads: only learn what the engine serves (its /v1/models, or for
+        a kind that loads on first use, what the leader staged and verified for it)."""
+        kind = kind_of(engine.kind)
+        if not kind.loads_adapters:
+            ours = self._deployments(conn, engine)
+            staged = {
+                a for a in desired if ours.get(a) == "loaded" and (self.serving_dir / a).is_dir()
+            }
+            engine.adapter_paths = {a: str(self.serving_dir / a) for a in staged}
+            engine.models = frozenset(staged)
+            return
+        try:
+            resp = self.client.get(engine.url + kind.probe_path, timeout=5.0)
+            resp.raise_for_status()
+        except httpx.HTTPError:
+            engine.mark_down()
+            return
+        engine.models = frozenset(model_ids(resp.json()))
 
     def _deployments(self, conn: Connection, engine: EngineState) -> dict[str, str]:
         return {
@@ -355,6 +391,7 @@ class Reconciler:
                 conn.close()
                 raise
             self._conn = conn
+            self.leader = False  # a new session holds no lock
         return conn
 
     def _close_connection(self) -> None:
