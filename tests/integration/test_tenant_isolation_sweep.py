@@ -22,6 +22,7 @@ SKIP = {"/v1/chat/completions", "/v1/completions"}  # the router's LLM endpoints
 SKIP |= {"/v1/tenants/{name}", "/v1/tenants/{name}/keys", "/v1/tenants/{name}/keys/{key_id}"}
 BODIES: dict[str, Any] = {
     "/v1/logs/{request_id}/feedback": {"thumbs": 1},
+    "/v1/routes/{name}": {"fallback": "prod"},
     "/v1/adapters/{adapter_id}/canary": {"traffic_pct": 5},
     "/v1/adapters/{adapter_id}/promote": {"reason": "sweep"},
     "/v1/adapters/{adapter_id}/rollback": {"reason": "sweep"},
