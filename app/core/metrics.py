@@ -65,8 +65,9 @@ COLD_STARTS = Counter(
 )
 ROUTER_REQUESTS = Counter(
     "cft_router_requests_total",
-    "Requests proxied, by route, adapter (or base model) and status",
-    ["route", "adapter", "status"],
+    "Requests proxied, by what answered (lora, base) and status; per route and adapter in SQL"
+    " (obs.adapter_serving_7d), so the series stay few at any number of routes",
+    ["kind", "status"],
     registry=REGISTRY,
 )
 ROUTER_LOG_DROPPED = Counter(
@@ -110,6 +111,34 @@ RECONCILER_ERRORS = Counter(
     "cft_reconciler_errors_total",
     "Reconciler failures by reason (engine_down, fetch, sha256, load, unload, db)",
     ["reason"],
+    registry=REGISTRY,
+)
+ADAPTER_LOOKUPS = Counter(
+    "cft_router_adapter_lookups_total",
+    "Calls for an adapter, by whether an engine had it loaded: hit, loaded (waited for its"
+    " load), missing (not loaded in CFT_ROUTER_LOAD_WAIT); hit / all = the cache hit ratio",
+    ["result"],
+    registry=REGISTRY,
+)
+LOAD_WAIT = Histogram(
+    "cft_router_load_wait_seconds",
+    "Time a call for an adapter no engine had loaded waited for its load",
+    registry=REGISTRY,
+    buckets=(0.05, 0.1, 0.25, 0.5, 1, 2, 5, 10, 30, 60),
+)
+COLD_START_SECONDS = Histogram(
+    "cft_cold_start_seconds",
+    "A reconciler load, by stage: stage (fetch and verify the artefact), load (the engine's"
+    " load call)",
+    ["stage"],
+    registry=REGISTRY,
+    buckets=(0.01, 0.05, 0.1, 0.25, 0.5, 1, 2, 5, 10, 30, 60, 120),
+)
+ENGINE_LORA_ADAPTERS = Gauge(
+    "cft_engine_lora_adapters",
+    "Adapters in the engine's own scheduler (vLLM's vllm:lora_requests_info), by state"
+    " (running, waiting), and its --max-loras (max)",
+    ["engine", "state"],
     registry=REGISTRY,
 )
 LOG_QUEUE_DEPTH = Gauge(

@@ -135,6 +135,20 @@ def _loop_panel(conn: Any, route: str) -> dict[str, Any]:
     }
 
 
+def _serving(conn: Any) -> dict[str, Any]:
+    """What each adapter and the base served in the last 7 days (obs.adapter_serving_7d), the
+    busiest first, and LoRA against the base (obs.lora_vs_base_7d)."""
+    rows = conn.execute(
+        "SELECT route, adapter_id, is_base, n, n_error, calls_per_min, tokens_out_per_min,"
+        " ttft_p50_ms, ttft_p99_ms FROM obs.adapter_serving_7d ORDER BY n DESC, adapter_id"
+        " LIMIT 50"
+    ).fetchall()
+    kinds = conn.execute(
+        "SELECT is_base, n, ttft_p50_ms, ttft_p99_ms FROM obs.lora_vs_base_7d ORDER BY is_base"
+    ).fetchall()
+    return {"adapters": rows, "kinds": kinds}
+
+
 @router.get("/dashboard")
 def overview(request: Request, pool: PoolDep) -> Response:
     """Routes, adapters and their status timeline, running canaries, experiments, decisions."""
@@ -146,6 +160,7 @@ def overview(request: Request, pool: PoolDep) -> Response:
         exps = experiments.list_experiments(conn)
         decisions = experiments.decisions(conn, limit=20)
         loops = [_loop_panel(conn, r["name"]) for r in reg["routes"]]
+        serving = _serving(conn)
     return page(
         request,
         "overview.html",
@@ -157,4 +172,5 @@ def overview(request: Request, pool: PoolDep) -> Response:
         experiments=exps,
         decisions=decisions,
         loops=loops,
+        serving=serving,
     )

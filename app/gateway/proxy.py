@@ -117,8 +117,7 @@ async def _send_or_log(
     except Unavailable as exc:
         record |= {"status": "error", "completion": None, "adapter_id": assignment.adapter_id}
         runtime.writer.submit(record)
-        model = assignment.adapter_id or state.base_model
-        child(ROUTER_REQUESTS, record["route"], model, "error").inc()
+        child(ROUTER_REQUESTS, "lora" if assignment.adapter_id else "base", "error").inc()
         exc.headers["X-Request-Id"] = record["request_id"]
         raise
 
@@ -178,7 +177,7 @@ async def _whole(
         data["model"] = route_name
     else:
         record["status"] = "error"
-    child(ROUTER_REQUESTS, route_name, sent.model, record["status"]).inc()
+    child(ROUTER_REQUESTS, sent.kind, record["status"]).inc()
     writer.submit(record)
     return Response(orjson.dumps(data), upstream.status, headers, "application/json")
 
@@ -201,14 +200,14 @@ async def _streamed(
         finally:
             upstream.finish()
         record |= {"status": "error", "completion": None}
-        child(ROUTER_REQUESTS, route_name, sent.model, "error").inc()
+        child(ROUTER_REQUESTS, sent.kind, "error").inc()
         writer.submit(record)
         return Response(payload, upstream.status, headers, "application/json")
     events = relay(
         upstream,
         kind=kind,
         route_name=route_name,
-        model=sent.model,
+        answered=sent.kind,
         started=sent.started,
         record=record,
         writer=writer,

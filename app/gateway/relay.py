@@ -55,12 +55,13 @@ async def relay(
     *,
     kind: str,
     route_name: str,
-    model: str,
+    answered: str,
     started: float,
     record: dict[str, Any],
     writer: LogWriter,
 ) -> AsyncIterator[bytes]:
-    """The engine's events with `model` set to the route; logs the call however it ends."""
+    """The engine's events with `model` set to the route; logs the call however it ends.
+    `answered`: lora or base (the requests metric's kind)."""
     text: list[str] = []
     usage: dict[str, Any] = {}
     ttft_ms: int | None = None
@@ -107,6 +108,6 @@ async def relay(
             tokens_out=usage.get("completion_tokens") or (len(text) if text else None),
             status=status,
         )
-        child(ROUTER_REQUESTS, route_name, model, status).inc()
+        child(ROUTER_REQUESTS, answered, status).inc()
         writer.submit(record)
         upstream.finish()

@@ -12,7 +12,9 @@ import orjson
 
 from app.core.errors import TooManyRequests, Unavailable
 from app.core.metrics import (
+    ADAPTER_LOOKUPS,
     ENGINE_FAILURES,
+    LOAD_WAIT,
     ROUTER_FALLBACKS,
     ROUTER_LATENCY,
     ROUTER_REQUESTS,
@@ -28,6 +30,7 @@ from app.gateway.service import RouterRuntime
 log = logging.getLogger("cft.gateway.upstream")
 
 RETRY_AFTER = "2"
+_HIT = ADAPTER_LOOKUPS.labels("hit")
 # How often a call waiting for an adapter's load looks at the engines again.
 LOAD_POLL_S = 0.25
 
@@ -42,6 +45,7 @@ class Sent:
     # None when the assigned model served the call, else the fallback reason.
     fallback: str | None
     started: float  # time.perf_counter() when the request went out
+    kind: str = "lora"  # what answered: lora (an adapter) or base
 
 
 def engine_unavailable(message: str, headers: dict[str, str] | None = None) -> Unavailable:
@@ -82,20 +86,25 @@ async def _loaded_somewhere(runtime: RouterRuntime, model: str) -> bool:
         return any(e.up and e.has(model) for e in engines.engines)
 
     if listed():
+        _HIT.inc()
         return True
     if any(e.models is None for e in engines.engines):
         await engines.refresh()
         if listed():
+            _HIT.inc()
             return True
     if runtime.reconciler is not None:
         runtime.reconciler.kick()
-    deadline = time.monotonic() + runtime.load_wait
-    while time.monotonic() < deadline:
+    started = time.monotonic()
+    deadline = started + runtime.load_wait
+    found = False
+    while not found and time.monotonic() < deadline:
         await asyncio.sleep(min(LOAD_POLL_S, max(0.0, deadline - time.monotonic())))
         await engines.refresh()
-        if listed():
-            return True
-    return False
+        found = listed()
+    LOAD_WAIT.observe(time.monotonic() - started)
+    ADAPTER_LOOKUPS.labels("loaded" if found else "missing").inc()
+    return found
 
 
 def adapter_not_loaded(state: RouteState, model: str, why: str) -> Unavailable:
@@ -122,7 +131,7 @@ async def _adapter_failed(
         detail = repr(exc).encode()
     finally:
         resp.finish()
-    child(ROUTER_REQUESTS, state.name, model, "error").inc()
+    child(ROUTER_REQUESTS, "lora", "error").inc()
     log.warning(
         "adapter %s failed on %s (%s %s): falling back", model, engine.url, resp.status, detail
     )
@@ -218,7 +227,7 @@ async def send(
                 continue
             if why is not None:
                 child(ROUTER_FALLBACKS, why).inc()
-            return Sent(resp, engine, model, why, started)
+            return Sent(resp, engine, model, why, started, "lora" if is_adapter else "base")
         if busy:
             raise TooManyRequests(
                 f"every engine serving {model!r} is busy (429); retry shortly",

@@ -259,6 +259,10 @@ def test_every_page_renders_the_seeded_rows(world: dict[str, Any]) -> None:
         # Every setting the cycle tried, with its held-out numbers.
         assert 'class="settings-tried"' in lineage and "0.0123" in lineage
         assert "heldout/answer_similarity 0.100 → 0.420" in lineage
+        # What each adapter served, from the log (obs.adapter_serving_7d), and LoRA vs base.
+        overview = http.get("/dashboard").text
+        serving = overview[overview.index('id="serving"') : overview.index("<h2>Experiments")]
+        assert "support-es-v1" in serving and "LoRA adapters" in serving
         # Bad input: a clear 400, not a 500.
         bad = http.get("/dashboard/calls", params={"before": "yesterday"})
         assert bad.status_code == 400 and "cursor" in bad.text

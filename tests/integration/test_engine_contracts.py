@@ -25,7 +25,7 @@ from app.engines.base import Outcome
 from app.engines.vllm import KIND as VLLM
 from tests.support.engines import FakeLoRAX, FakeSGLang, FakeVLLM, write_adapter
 from tests.support.factories import make_adapter, make_route, make_tenant
-from tests.support.servers import serve_app
+from tests.support.servers import metrics_text, serve_app
 from workers.api import create_app
 
 BASE = "smollm2-135m-instruct"
@@ -311,6 +311,13 @@ def test_one_reconciler_leads_the_fleet_and_another_takes_over(stack: Stack) -> 
             loads = [p for p in fake.paths() if p == "/v1/load_lora_adapter"]
             assert loads == ["/v1/load_lora_adapter"] and prod in fake.loras
             assert engines[1][0].has(prod)  # the follower knows what the engine serves
+            # Both read the engine's own LoRA numbers (vllm:lora_requests_info, newest sample).
+            fake.lora_states.append(([prod], ["x", "y"]))
+            second.run_once()
+            gauge = metrics_text()
+            assert f'cft_engine_lora_adapters{{engine="{url}",state="running"}} 1.0' in gauge
+            assert f'cft_engine_lora_adapters{{engine="{url}",state="waiting"}} 2.0' in gauge
+            assert f'cft_engine_lora_adapters{{engine="{url}",state="max"}} 4.0' in gauge
             first.close()
             canary = stack.adapter(status="canary", pct=10)
             second.run_once()

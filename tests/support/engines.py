@@ -166,6 +166,9 @@ class FakeVLLM(FakeEngine):
         self.max_lora_rank = max_lora_rank
         self.can_read = can_read
         self.loras: dict[str, str] = {}
+        self.max_loras = 4
+        # The scheduler's (running, waiting) adapters, oldest first, as /metrics reports them.
+        self.lora_states: list[tuple[list[str], list[str]]] = [([], [])]
         app = self.app
 
         @app.get("/v1/models")
@@ -231,6 +234,21 @@ class FakeVLLM(FakeEngine):
         @app.post("/v1/chat/completions")
         async def chat(request: Request) -> Response:
             return self._generate(await request.json(), "chat")
+
+        @app.get("/metrics")
+        async def metrics() -> Response:
+            # vllm/v1/metrics/loggers.py: one series per state seen, valued by when it was set.
+            lines = [
+                "# HELP vllm:lora_requests_info Running stats on lora requests.",
+                "# TYPE vllm:lora_requests_info gauge",
+            ]
+            for at, (running, waiting) in enumerate(self.lora_states, start=1):
+                lines.append(
+                    f'vllm:lora_requests_info{{max_lora="{self.max_loras}",'
+                    f'running_lora_adapters="{",".join(running)}",'
+                    f'waiting_lora_adapters="{",".join(waiting)}"}} {1.7e9 + at}'
+                )
+            return PlainTextResponse("\n".join(lines) + "\n")
 
     def _load_problem(self, path: Path) -> str | None:
         if not self.can_read or not (path / "adapter_config.json").is_file():

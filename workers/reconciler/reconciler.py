@@ -44,9 +44,16 @@ from psycopg.rows import dict_row
 from app.core import artefacts
 from app.core.config import Settings, get_settings
 from app.core.db import Connection
-from app.core.metrics import COLD_STARTS, RECONCILER_ERRORS, ROUTER_ACTIVE_ADAPTERS
+from app.core.metrics import (
+    COLD_START_SECONDS,
+    COLD_STARTS,
+    ENGINE_LORA_ADAPTERS,
+    RECONCILER_ERRORS,
+    ROUTER_ACTIVE_ADAPTERS,
+)
 from app.engines.base import Outcome
 from app.engines.kinds import kind_of
+from app.engines.lora_metrics import vllm_lora_state
 from app.engines.state import EngineState, model_ids
 
 log = logging.getLogger("cft.reconciler")
@@ -157,6 +164,24 @@ class Reconciler:
         ).fetchall()
         return {r["id"]: Desired(**r) for r in rows}
 
+    def _scrape(self, engine: EngineState) -> None:
+        """The engine's own LoRA numbers (vLLM's /metrics), as gauges; nothing for other kinds
+        or when it does not answer."""
+        if not engine.kind.startswith("vllm"):
+            return
+        try:
+            resp = self.client.get(engine.url + "/metrics", timeout=2.0)
+            resp.raise_for_status()
+            state = vllm_lora_state(resp.text)
+        except (httpx.HTTPError, ValueError):
+            return
+        if state is None:
+            return
+        ENGINE_LORA_ADAPTERS.labels(engine.url, "running").set(len(state.running))
+        ENGINE_LORA_ADAPTERS.labels(engine.url, "waiting").set(len(state.waiting))
+        if state.max_loras is not None:
+            ENGINE_LORA_ADAPTERS.labels(engine.url, "max").set(state.max_loras)
+
     def _follow_engine(
         self, conn: Connection, engine: EngineState, desired: dict[str, Desired]
     ) -> None:
@@ -178,6 +203,7 @@ class Reconciler:
             engine.mark_down()
             return
         engine.models = frozenset(model_ids(resp.json()))
+        self._scrape(engine)
 
     def _deployments(self, conn: Connection, engine: EngineState) -> dict[str, str]:
         return {
@@ -206,6 +232,7 @@ class Reconciler:
             return
         models = set(model_ids(resp.json()))
         engine.models = frozenset(models)
+        self._scrape(engine)
         ours = self._deployments(conn, engine)
         for adapter in desired.values():
             if adapter.id in models:
@@ -238,12 +265,15 @@ class Reconciler:
     def _load(
         self, conn: Connection, engine: EngineState, adapter: Desired, rep: PassReport
     ) -> bool:
+        began = time.perf_counter()
         try:
             path = self._prepare(adapter)
         except artefacts.ArtefactMismatch as exc:
             return self._refuse(conn, engine, adapter, rep, "sha256", str(exc))
         except artefacts.ArtefactError as exc:
             return self._refuse(conn, engine, adapter, rep, "fetch", str(exc))
+        staged = time.perf_counter()
+        COLD_START_SECONDS.labels("stage").observe(staged - began)
         try:
             answer = kind_of(engine.kind).load(self.client, engine.url, adapter.id, str(path))
         except httpx.HTTPError as exc:
@@ -257,6 +287,7 @@ class Reconciler:
             reason = "load" if failed else answer.outcome.value
             return self._refuse(conn, engine, adapter, rep, reason, answer.message)
         COLD_STARTS.labels(engine.url).inc()
+        COLD_START_SECONDS.labels("load").observe(time.perf_counter() - staged)
         self._failed_at.pop((adapter.id, engine.url), None)
         self._record(conn, adapter.id, engine.url, "loaded", None, checked=True)
         rep.loaded.append((adapter.id, engine.url))
