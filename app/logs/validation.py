@@ -167,7 +167,7 @@ def _messages(value: Any, index: int | None) -> tuple[orjson.Fragment, str]:
         if not isinstance(msg, dict):
             raise InvalidRecord(index, f"messages[{m}]", "must be an object", "messages")
         role = msg.get("role")
-        if role not in ROLES:
+        if not isinstance(role, str) or role not in ROLES:  # a list is not hashable
             raise InvalidRecord(
                 index,
                 f"messages[{m}].role",
@@ -280,7 +280,7 @@ def prepare_record(
     completion = _opt_str(rec, "completion", index, max_len=None)
     user = _opt_str(rec, "user", index)
     status = rec.get("status", "ok")
-    if status not in STATUSES:
+    if not isinstance(status, str) or status not in STATUSES:
         raise InvalidRecord(
             index, "status", f"must be one of {', '.join(sorted(STATUSES))}", "status"
         )

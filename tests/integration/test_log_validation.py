@@ -34,7 +34,7 @@ INTS = st.one_of(
     st.floats(0, 2),
     TEXT,
 )
-ROLES = st.sampled_from(["user", "assistant", "system", "tool", "bot", "", None, 3])
+ROLES = st.sampled_from(["user", "assistant", "system", "tool", "bot", "", None, 3, ["user"]])
 CONTENT: st.SearchStrategy[Any] = st.one_of(
     TEXT,
     st.none(),
@@ -68,7 +68,7 @@ EDGES: dict[str, Any] = {
     "ttft_ms": INTS,
     "tokens_in": INTS,
     "tokens_out": INTS,
-    "status": st.sampled_from(["ok", "error", "partial", "done", None]),
+    "status": st.sampled_from(["ok", "error", "partial", "done", None, ["ok"], {}]),
     "parent_request_id": UUIDS,
     "messages": st.one_of(st.lists(MESSAGE, min_size=1, max_size=3), st.just([]), TEXT),
     "extra_field": st.just(1),
