@@ -55,6 +55,9 @@ BEGIN
   RETURN QUERY SELECT unnest(v_ids)::text;
 END
 $$;
+-- The API's requests call it as cft_app, the router's log writer as the owner; no other role.
+REVOKE ALL ON FUNCTION obs.log_rows(int, json) FROM PUBLIC;
+GRANT EXECUTE ON FUNCTION obs.log_rows(int, json) TO cft_app;
 COMMENT ON FUNCTION obs.log_rows(int, json) IS
   'Log validated rows (one JSON array) for a tenant under row-level security, idempotent by '
   'request_id; the request_ids inserted now.';

@@ -329,7 +329,7 @@ def test_insert_prepared_reports_each_record_and_stores_what_log_batch_stores(db
 
 def test_log_rows_runs_as_the_tenant_and_leaves_the_callers_scope(db_url, conn):
     """obs.log_rows writes as cft_app for its tenant whoever calls, puts the caller's role and
-    tenant back, and refuses a transaction scoped to another tenant."""
+    tenant back, and refuses a transaction scoped to another tenant, and the dashboard's role."""
     t, other = make_tenant(conn), make_tenant(conn)
     r = make_route(conn, tenant_id=t["id"])
     scope = "SELECT current_user AS u, nullif(current_setting('cft.tenant_id', true), '') AS tenant"
@@ -347,6 +347,9 @@ def test_log_rows_runs_as_the_tenant_and_leaves_the_callers_scope(db_url, conn):
         with pytest.raises(psycopg.errors.InsufficientPrivilege), c.transaction():
             as_tenant(c, t["id"])
             logs.log_records(c, tenant_id=other["id"], records=[record(r["name"])])
+        with pytest.raises(psycopg.errors.InsufficientPrivilege), c.transaction():
+            c.execute("SET LOCAL ROLE cft_dashboard")
+            logs.log_records(c, tenant_id=t["id"], records=[record(r["name"])])
     n = conn.execute(
         "SELECT count(*) AS n FROM obs.inference_log WHERE tenant_id = %s", (t["id"],)
     ).fetchone()
