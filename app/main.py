@@ -101,9 +101,12 @@ def create_app(
     app.include_router(otel_router.router)
     # Inside the gateway's fast path (added before = further in): its calls never pass here.
     app.add_middleware(DashboardHeaders)
-    # Inside the body limit (added after = further out): the two gateway calls skip FastAPI's
-    # per-request routing and dependency machinery, with the same handler code.
-    app.add_middleware(fastpath.GatewayFastPath)
+    # Inside the body limit (added after = further out): the gateway's hot calls skip FastAPI's
+    # per-request routing and dependency machinery, running the dependencies and handlers their
+    # routes declare (fastpath.routes refuses, here, a declaration it would not honour).
+    app.add_middleware(
+        fastpath.GatewayFastPath, routes=fastpath.routes(app.routes, gateway_router.FAST_PATH)
+    )
     app.add_middleware(BodyLimitMiddleware, max_bytes=settings.max_body_bytes)
     app.include_router(training_router.router)
     app.include_router(evals_router.router)

@@ -74,15 +74,12 @@ def make_pool(url: str, *, size: int, name: str = "cft-api") -> Pool:
     )
 
 
-def tenant_scope_sql(tenant_id: int) -> str:
-    """The statements that scope the current transaction to one tenant, as one SQL text."""
-    return f"SET LOCAL ROLE cft_app; SELECT set_config('cft.tenant_id', '{int(tenant_id)}', true)"
-
-
 def as_tenant(conn: Connection, tenant_id: int) -> None:
     """Scope the current transaction to one tenant: row-level security does the rest."""
-    # One round trip for both statements (no parameters: the simple query protocol).
-    conn.execute(tenant_scope_sql(tenant_id))
+    # One round trip for both statements (the simple query protocol: the id is an int).
+    conn.execute(
+        f"SET LOCAL ROLE cft_app; SELECT set_config('cft.tenant_id', '{int(tenant_id)}', true)"
+    )
 
 
 def as_key(conn: Connection, key_id: int) -> None:

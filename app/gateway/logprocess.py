@@ -1,6 +1,6 @@
 """The router's log sink in a process of its own.
 
-The log writer's batches (validation, the pseudonyms, the JSON staging, psycopg) are Python:
+The log writer's batches (validation, the pseudonyms, the rows' JSON, psycopg) are Python:
 run in a thread of the router, each batch held the router's GIL for 0.4-0.8 ms, and a call that
 arrived meanwhile waited for it (BENCHMARKS.md, "Router against LiteLLM (issue 26)"). Here the
 writer thread only pickles the batch onto a pipe and waits for the answer, which it does without

@@ -24,11 +24,11 @@ APPLICATION_NAME = "cft-router-logs"
 
 class LogSink:
     """The LogWriter's sink: one transaction per tenant, idempotent by request_id, over one
-    kept connection of its own, in one round trip per tenant (`logs.log_batch`). At low rates
+    kept connection of its own, in one statement per tenant (`logs.log_batch`). At low rates
     every call is a batch of its own, so a batch's cost is a large part of a call's: a pooled
-    connection per batch added the pool's liveness check and checkout, and the ~11 round trips
-    of `logs.log_records` cost the router 2x the CPU (BENCHMARKS.md, "Router against LiteLLM
-    (issue 26)"). A failed batch drops the connection; the writer's retry opens a new one."""
+    connection per batch added the pool's liveness check and checkout, and a transaction of ~11
+    round trips cost the router 2x the CPU (BENCHMARKS.md, "Router against LiteLLM (issue
+    26)"). A failed batch drops the connection; the writer's retry opens a new one."""
 
     def __init__(self, url: str, settings: Settings) -> None:
         self.url = url
@@ -46,14 +46,8 @@ class LogSink:
             by_tenant[int(rec.pop(TENANT_KEY))].append(rec)
         conn = self._conn
         if conn is None or conn.closed:
-            # prepare_threshold=None: every batch is a new text, so psycopg's count of texts
-            # towards preparing them is pure cost.
             conn = self._conn = psycopg.connect(
-                self.url,
-                autocommit=True,
-                row_factory=dict_row,
-                application_name=APPLICATION_NAME,
-                prepare_threshold=None,
+                self.url, autocommit=True, row_factory=dict_row, application_name=APPLICATION_NAME
             )
         try:
             for tenant_id, records in by_tenant.items():

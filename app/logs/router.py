@@ -33,11 +33,6 @@ def _json(body: Any, status: int = 200) -> Response:
 
 def _ingest(pool: Pool, tenant_id: int, payload: Any, settings: Settings) -> dict[str, Any]:
     records, batch = service.records_of(payload, max_records=settings.max_batch_records)
-    staged = service.stage(records, settings=settings)
-    if staged is not None:  # the common case: plain records, staged from one JSON literal
-        with database_required(), tenant_transaction(pool, tenant_id) as conn:
-            statuses = service.insert_staged(conn, tenant_id=tenant_id, staged=staged)
-        return service.summarize(staged.request_ids, statuses)
     prepared = service.prepare(records, settings=settings, batch=batch)
     # The transaction commits before the response is written: an acknowledged row is durable.
     with database_required(), tenant_transaction(pool, tenant_id) as conn:

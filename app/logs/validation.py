@@ -1,8 +1,11 @@
-"""Validation of log records: a hand-written validator that encodes each record as a COPY line.
+"""The one validator of log records, for every way in: POST /v1/logs, the gateway's log writer,
+OTLP traces and `ingest.log_records`.
 
 Records arrive as orjson-parsed dicts; pydantic per row would cost more than the database
-insert, so each field is checked by hand and written straight into the COPY text format of
-the staging table (`ingest.STAGING_COLUMNS`, in that order).
+insert, so each field is checked by hand. A valid record becomes a row: a dict keyed by the
+columns `obs.log_rows` (sql/obs/log_rows.sql) reads a batch's rows into, holding the values the
+database stores. The first invalid record fails the batch with an InvalidRecord that names the
+record and the field.
 """
 
 from __future__ import annotations
@@ -50,9 +53,8 @@ INT4_MAX = 2**31 - 1
 HALF_MAX = 65504.0
 DEFAULT_ADAPTER = "base"
 
-# COPY text format: backslash, and the row/column separators, are escaped.
-_COPY_ESCAPE = str.maketrans({"\\": "\\\\", "\t": "\\t", "\n": "\\n", "\r": "\\r"})
-_NULL = "\\N"
+# Encoded pseudonyms a caller may keep across batches (cleared when full: a cache, not a record).
+MAX_USER_HASHES = 10_000
 
 
 class InvalidRecord(Unprocessable):
@@ -66,24 +68,20 @@ class InvalidRecord(Unprocessable):
 
 @dataclass
 class Prepared:
-    """Validated records, ready for COPY (one text line each) in arrival order."""
+    """Validated records: each one's request_id in arrival order, and the rows to write (the
+    first record of each request_id, with `ord`, its place in the batch)."""
 
     request_ids: list[str] = field(default_factory=list)
-    lines: list[str] = field(default_factory=list)
-    duplicates: set[int] = field(default_factory=set)  # repeated request_id inside the batch
+    rows: list[dict[str, Any]] = field(default_factory=list)
+    _ids: set[str] = field(default_factory=set, repr=False)
 
-
-def _text(value: str) -> str:
-    # Most values hold none of the four characters: four C-speed scans beat a translate.
-    if "\\" in value or "\t" in value or "\n" in value or "\r" in value:
-        return value.translate(_COPY_ESCAPE)
-    return value
-
-
-def _json_text(dumped: str) -> str:
-    # orjson escapes control characters inside strings (\n becomes backslash-n), so its
-    # output holds no tab, newline or carriage return: only backslashes need doubling.
-    return dumped.replace("\\", "\\\\") if "\\" in dumped else dumped
+    def add(self, request_id: str, row: dict[str, Any]) -> None:
+        """Append one validated record; a repeat of a request_id is answered but not written."""
+        if request_id not in self._ids:
+            self._ids.add(request_id)
+            row["ord"] = len(self.request_ids)
+            self.rows.append(row)
+        self.request_ids.append(request_id)
 
 
 # The canonical form (lowercase, hyphenated) is kept as is; any other form uuid.UUID accepts
@@ -106,15 +104,15 @@ def _opt_str(
     return value
 
 
-def _opt_int(rec: dict[str, Any], name: str, index: int | None) -> str:
+def _opt_int(rec: dict[str, Any], name: str, index: int | None) -> int | None:
     value = rec.get(name)
     if value is None:
-        return _NULL
+        return None
     if type(value) is not int:
         raise InvalidRecord(index, name, f"must be an integer, got {type(value).__name__}", "type")
     if not 0 <= value <= INT4_MAX:
         raise InvalidRecord(index, name, f"must be between 0 and {INT4_MAX}", "range")
-    return str(value)
+    return value
 
 
 def _uuid(value: Any, index: int | None, name: str) -> str:
@@ -155,8 +153,8 @@ def _content_text(content: Any, index: int | None, m: int) -> str:
     )
 
 
-def _messages(value: Any, index: int | None) -> tuple[str, str]:
-    """The messages as JSON text and their concatenated text (for PII detection)."""
+def _messages(value: Any, index: int | None) -> tuple[orjson.Fragment, str]:
+    """The messages as encoded JSON and their concatenated text (for PII detection)."""
     if not isinstance(value, list) or not value:
         raise InvalidRecord(
             index,
@@ -169,7 +167,7 @@ def _messages(value: Any, index: int | None) -> tuple[str, str]:
         if not isinstance(msg, dict):
             raise InvalidRecord(index, f"messages[{m}]", "must be an object", "messages")
         role = msg.get("role")
-        if role not in ROLES:
+        if not isinstance(role, str) or role not in ROLES:  # a list is not hashable
             raise InvalidRecord(
                 index,
                 f"messages[{m}].role",
@@ -180,16 +178,18 @@ def _messages(value: Any, index: int | None) -> tuple[str, str]:
             raise InvalidRecord(
                 index, f"messages[{m}]", "needs 'content' (or 'tool_calls')", "messages"
             )
-        texts.append(_content_text(msg.get("content"), index, m))
-    dumped = orjson.dumps(value).decode()
-    if "\\u0000" in dumped:
+        content = msg.get("content")
+        texts.append(content if type(content) is str else _content_text(content, index, m))
+    dumped = orjson.dumps(value)
+    if b"\\u0000" in dumped:
         raise InvalidRecord(index, "messages", "must not contain NUL characters", "nul")
-    return dumped, "\n".join(texts)
+    # Encoded once: the batch's JSON takes the fragment as it is.
+    return orjson.Fragment(dumped), "\n".join(texts)
 
 
-def _embedding(value: Any, index: int | None, dim: int) -> str:
+def _embedding(value: Any, index: int | None, dim: int) -> str | None:
     if value is None:
-        return _NULL
+        return None
     if not isinstance(value, list) or len(value) != dim:
         raise InvalidRecord(index, "embedding", f"must be a list of {dim} numbers", "embedding")
     for x in value:
@@ -216,9 +216,9 @@ def created_at_window(settings: Settings) -> tuple[datetime, datetime]:
     return now - timedelta(days=settings.log_retention_days), now + FUTURE_SKEW
 
 
-def _created_at(value: Any, index: int | None, window: tuple[datetime, datetime]) -> str:
+def _created_at(value: Any, index: int | None, window: tuple[datetime, datetime]) -> str | None:
     if value is None:
-        return _NULL
+        return None
     if not isinstance(value, str):
         raise InvalidRecord(index, "created_at", "must be an ISO-8601 timestamp string", "type")
     try:
@@ -254,10 +254,10 @@ def prepare_record(
     dim: int,
     window: tuple[datetime, datetime],
     user_hashes: dict[str, str] | None = None,
-) -> tuple[str, str]:
-    """Validate one record; return its request_id and its COPY line (without ord).
+) -> tuple[str, dict[str, Any]]:
+    """Validate one record; return its request_id and its row (all columns but ord).
 
-    user_hashes caches the encoded pseudonym per user id across the records of one batch."""
+    user_hashes caches the encoded pseudonym per user id (at most MAX_USER_HASHES of them)."""
     if not isinstance(rec, dict):
         raise InvalidRecord(index, "record", "must be a JSON object", "type")
     unknown = rec.keys() - FIELDS
@@ -280,47 +280,46 @@ def prepare_record(
     completion = _opt_str(rec, "completion", index, max_len=None)
     user = _opt_str(rec, "user", index)
     status = rec.get("status", "ok")
-    if status not in STATUSES:
+    if not isinstance(status, str) or status not in STATUSES:
         raise InvalidRecord(
             index, "status", f"must be one of {', '.join(sorted(STATUSES))}", "status"
         )
     parent = rec.get("parent_request_id")
-    parent_id = _NULL if parent is None else _uuid(parent, index, "parent_request_id")
+    parent_id = None if parent is None else _uuid(parent, index, "parent_request_id")
     if completion:
         text = text + "\n" + completion
     flags = pii.detect(text)
     model = _opt_str(rec, "model", index)
     experiment = _opt_str(rec, "experiment", index)
-    if user is None:
-        hashed = _NULL
-    elif user_hashes is not None and user in user_hashes:
-        hashed = user_hashes[user]
-    else:
-        hashed = "\\\\x" + user_hash(user, secret).hex()
-        if user_hashes is not None:
-            user_hashes[user] = hashed
-    line = "\t".join(
-        (
-            request_id,
-            hashed,
-            _text(route),
-            _text(adapter_id),
-            _NULL if model is None else _text(model),
-            _NULL if experiment is None else _text(experiment),
-            _NULL if variant is None else _text(variant),
-            _json_text(messages),
-            _NULL if completion is None else _text(completion),
-            _opt_int(rec, "ttft_ms", index),
-            _opt_int(rec, "tokens_in", index),
-            _opt_int(rec, "tokens_out", index),
-            _embedding(rec.get("embedding"), index, dim),
-            parent_id,
-            str(flags),
-            status,
-            _created_at(rec.get("created_at"), index, window),
-        )
-    )
-    return request_id, line
+    hashed = None
+    if user is not None:
+        hashed = user_hashes.get(user) if user_hashes is not None else None
+        if hashed is None:
+            hashed = "\\x" + user_hash(user, secret).hex()  # bytea's hex input
+            if user_hashes is not None:
+                if len(user_hashes) >= MAX_USER_HASHES:
+                    user_hashes.clear()
+                user_hashes[user] = hashed
+    embedding, created_at = rec.get("embedding"), rec.get("created_at")
+    return request_id, {
+        "request_id": request_id,
+        "user_hash": hashed,
+        "route": route,
+        "adapter_id": adapter_id,
+        "model": model,
+        "experiment": experiment,
+        "variant": variant,
+        "messages": messages,
+        "completion": completion,
+        "ttft_ms": _opt_int(rec, "ttft_ms", index),
+        "tokens_in": _opt_int(rec, "tokens_in", index),
+        "tokens_out": _opt_int(rec, "tokens_out", index),
+        "embedding": None if embedding is None else _embedding(embedding, index, dim),
+        "parent_request_id": parent_id,
+        "pii_flags": flags,
+        "status": status,
+        "created_at": None if created_at is None else _created_at(created_at, index, window),
+    }
 
 
 def check_call(messages: Any, user: str | None) -> None:
@@ -359,34 +358,30 @@ def prepare(
     settings: Settings | None = None,
     batch: bool = True,
     secret: bytes | None = None,
+    user_hashes: dict[str, str] | None = None,
 ) -> Prepared:
-    """Validate and encode records; the first invalid one fails the whole batch.
+    """Validate records into rows; the first invalid one fails the whole batch.
 
     secret: the pseudonym key when the caller holds it (`user_secret` resolves CFT_HOME on
-    disk each time: a fifth of the router's CPU for a log batch of one)."""
+    disk each time: a fifth of the router's CPU for a log batch of one); user_hashes: a cache
+    of encoded pseudonyms the caller keeps across batches (one per batch otherwise)."""
     settings = settings or get_settings()
     secret = secret or user_secret(settings)
     dim = settings.embedding_dim
+    hashes: dict[str, str] = {} if user_hashes is None else user_hashes
     out = Prepared()
-    seen: set[str] = set()
-    user_hashes: dict[str, str] = {}
     window = created_at_window(settings)
     try:
         for i, rec in enumerate(records):
-            request_id, line = prepare_record(
+            request_id, row = prepare_record(
                 rec,
                 i if batch else None,
                 secret=secret,
                 dim=dim,
                 window=window,
-                user_hashes=user_hashes,
+                user_hashes=hashes,
             )
-            if request_id in seen:
-                out.duplicates.add(i)
-            else:
-                seen.add(request_id)
-                out.lines.append(f"{i}\t{line}\n")
-            out.request_ids.append(request_id)
+            out.add(request_id, row)
     except InvalidRecord as exc:
         LOG_REJECTED.labels(exc.reason).inc()
         raise

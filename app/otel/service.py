@@ -466,7 +466,6 @@ def ingest(
     """Log the chat spans of an export; the others are skipped, invalid ones rejected."""
     outcome = Outcome()
     prepared = logs.Prepared()
-    seen: set[str] = set()
     for resource, span in spans_of(request):
         if not is_chat_span(attributes_of(span.attributes)):
             outcome.skipped += 1
@@ -481,14 +480,7 @@ def ingest(
         except logs.InvalidRecord as exc:
             outcome.rejected.append(f"{where}: {exc.message}")
             continue
-        rid = one.request_ids[0]
-        ord_ = len(prepared.request_ids)
-        if rid in seen:
-            prepared.duplicates.add(ord_)
-        else:
-            seen.add(rid)
-            prepared.lines.append(f"{ord_}\t{one.lines[0].split(chr(9), 1)[1]}")
-        prepared.request_ids.append(rid)
+        prepared.add(one.request_ids[0], one.rows[0])
     if prepared.request_ids:
         statuses = logs.insert_prepared(conn, tenant_id=tenant_id, prepared=prepared)
         outcome.inserted = statuses.count("inserted")

@@ -1,4 +1,4 @@
-"""The router's one-round-trip log batch stores what the API's COPY ingest stores."""
+"""The router's one-statement log batch stores what `log_records` stores, the values as sent."""
 
 from __future__ import annotations
 
@@ -11,14 +11,12 @@ from psycopg.rows import dict_row
 
 from app.core.config import get_settings
 from app.core.db import as_tenant
-from app.core.pseudonym import user_secret
-from app.logs import ingest
 from app.logs import service as logs
 from app.logs.validation import InvalidRecord
 from tests.support.factories import make_route, make_tenant
 
-# Everything the literal encoding must carry unchanged: quotes, backslashes, the COPY
-# separators, a literal \N, placeholders, SQL, non-ASCII.
+# Everything a value must carry unchanged: quotes, backslashes, tabs and newlines, a literal \N,
+# placeholders, SQL, non-ASCII.
 TRICKY = "it's \\ a\ttab\nnew\rline \\N %s %(x)s '); DROP TABLE obs.inference_log; -- ñ 😀"
 COLUMNS = (
     "user_hash, route, adapter_id, model, experiment, variant, messages, completion, ttft_ms,"
@@ -63,6 +61,9 @@ def test_log_batch_stores_what_log_records_stores_and_is_idempotent(db_url, conn
         assert c.execute("SELECT current_user AS u").fetchone()["u"] != "cft_app"
         assert c.info.transaction_status == psycopg.pq.TransactionStatus.IDLE
         assert stored(conn, via_batch["request_id"]) == stored(conn, via_copy["request_id"])
+        row = stored(conn, via_batch["request_id"])
+        assert row["completion"] == TRICKY and row["model"] == "m'\\"
+        assert row["messages"] == via_batch["messages"] and row["experiment"] == "e'1"
         # Again, with one new record: only the new one is inserted (idempotent by request_id).
         new = record(r["name"])
         logs.log_batch(c, tenant_id=t["id"], records=[via_batch, via_copy, new], settings=settings)
@@ -131,11 +132,10 @@ def _fails_on_send() -> Any:
     return NoSend()
 
 
-def test_router_records_take_the_json_path_and_store_what_log_records_stores(db_url, conn):
+def test_router_records_store_what_log_records_stores(db_url, conn):
     t = make_tenant(conn)
     r = make_route(conn, tenant_id=t["id"])
     settings = get_settings()
-    secret = user_secret(settings)
     parent = str(uuid.uuid4())
     shapes: list[dict[str, Any]] = [
         {},
@@ -147,8 +147,6 @@ def test_router_records_take_the_json_path_and_store_what_log_records_stores(db_
     cache: dict[str, str] = {}
     for over in shapes:
         via_copy, via_json = router_record(r["name"], **over), router_record(r["name"], **over)
-        # The JSON path takes the record (the test is about that path, not the fallback).
-        assert ingest.staged_json([via_json], secret, {}) is not None
         with psycopg.connect(db_url, row_factory=dict_row) as c, c.transaction():
             as_tenant(c, t["id"])
             logs.log_records(c, tenant_id=t["id"], records=[via_copy], settings=settings)
@@ -167,14 +165,13 @@ def test_router_records_take_the_json_path_and_store_what_log_records_stores(db_
     assert n["n"] == 2 * len(shapes)
 
 
-def test_json_path_keeps_the_first_of_a_repeated_request_id_and_links(db_url, conn):
+def test_log_batch_keeps_the_first_of_a_repeated_request_id_and_links(db_url, conn):
     t = make_tenant(conn)
     r = make_route(conn, tenant_id=t["id"])
     first = router_record(r["name"], completion="first")
     again = first | {"completion": "second"}
     child = router_record(r["name"], parent_request_id=first["request_id"])
     records = [child, first, again]
-    assert ingest.staged_json(records, user_secret(get_settings()), {}) is not None
     with psycopg.connect(db_url, autocommit=True, row_factory=dict_row) as c:
         logs.log_batch(c, tenant_id=t["id"], records=records)
     rows = conn.execute(
@@ -187,8 +184,8 @@ def test_json_path_keeps_the_first_of_a_repeated_request_id_and_links(db_url, co
     assert by_id[child["request_id"]]["parent_id"] == by_id[first["request_id"]]["id"]
 
 
-# Records the JSON path must hand to the validator: each is either invalid (the validator's
-# InvalidRecord, nothing sent) or valid only in a form the validator normalises.
+# Records at the validator's edges: each is either invalid (InvalidRecord, nothing sent) or valid
+# in a form the validator normalises (stored normalised).
 def _refused(route: str) -> list[tuple[dict[str, Any], bool]]:
     def new() -> str:
         return str(uuid.uuid4())
@@ -228,13 +225,11 @@ def _refused(route: str) -> list[tuple[dict[str, Any], bool]]:
     ]
 
 
-def test_json_path_hands_what_it_cannot_encode_exactly_to_the_validator(db_url, conn):
+def test_log_batch_normalises_or_refuses_what_the_validator_does(db_url, conn):
     t = make_tenant(conn)
     r = make_route(conn, tenant_id=t["id"])
-    secret = user_secret(get_settings())
     for rec, valid in _refused(r["name"]):
         ok = router_record(r["name"])
-        assert ingest.staged_json([ok, rec], secret, {}) is None, rec
         if valid:
             with psycopg.connect(db_url, autocommit=True, row_factory=dict_row) as c:
                 logs.log_batch(c, tenant_id=t["id"], records=[ok, rec])
@@ -305,38 +300,57 @@ def test_a_record_that_can_never_be_stored_is_dropped_alone_and_counted(db_url, 
     assert sorted(row["id"] for row in rows) == sorted(g["request_id"] for g in good)
 
 
-def test_post_logs_staged_path_writes_what_the_prepared_path_writes(db_url, conn):
-    """POST /v1/logs's JSON staging (`stage` + `insert_staged`) and its COPY path (`prepare` +
-    `insert_prepared`) store the same rows and report the same statuses: a new record, the
-    same id again within the batch, and one logged before."""
+def test_insert_prepared_reports_each_record_and_stores_what_log_batch_stores(db_url, conn):
+    """POST /v1/logs's write (`prepare` + `insert_prepared` in a tenant's transaction): a new
+    record, the same id again within the batch, one logged before; the row is log_batch's."""
     t = make_tenant(conn)
     r = make_route(conn, tenant_id=t["id"])
     settings = get_settings()
     plain = {k: v for k, v in record(r["name"]).items() if k != "created_at"}
-    before = {k: v for k, v in record(r["name"]).items() if k != "created_at"}
 
-    def write(path: str, records: list[dict[str, Any]]) -> list[str]:
+    def new() -> dict[str, Any]:
+        return plain | {"request_id": str(uuid.uuid4())}
+
+    def write(records: list[dict[str, Any]]) -> list[str]:
         with psycopg.connect(db_url, row_factory=dict_row) as c, c.transaction():
             as_tenant(c, t["id"])
-            if path == "staged":
-                staged = logs.stage(records, settings=settings)
-                assert staged is not None
-                return logs.insert_staged(c, tenant_id=t["id"], staged=staged)
-            assert logs.stage(records, settings=settings) is not None  # it could have been
             prepared = logs.prepare(records, settings=settings)
             return logs.insert_prepared(c, tenant_id=t["id"], prepared=prepared)
 
-    results = {}
-    for path in ("prepared", "staged"):
-        first = plain | {"request_id": str(uuid.uuid4())}
-        old = before | {"request_id": str(uuid.uuid4())}
-        assert write(path, [old]) == ["inserted"]
-        statuses = write(path, [first, first, old])
-        row = stored(conn, first["request_id"])
-        del row["created_at"]  # now() of each write
-        results[path] = (statuses, row)
-    assert results["staged"] == results["prepared"]
-    assert results["staged"][0] == ["inserted", "existing", "existing"]
-    # What the JSON path cannot encode as prepare does goes prepare's way.
-    assert logs.stage([plain | {"created_at": "2026-12-01T10:00:00Z"}], settings=settings) is None
-    assert logs.stage([plain | {"request_id": plain["request_id"].upper()}]) is None
+    old, first, via_batch = new(), new(), new()
+    assert write([old]) == ["inserted"]
+    assert write([first, first, old]) == ["inserted", "existing", "existing"]
+    with psycopg.connect(db_url, autocommit=True, row_factory=dict_row) as c:
+        logs.log_batch(c, tenant_id=t["id"], records=[via_batch], settings=settings)
+    got, want = stored(conn, via_batch["request_id"]), stored(conn, first["request_id"])
+    assert got.pop("created_at") is not None and want.pop("created_at") is not None
+    assert got == want
+
+
+def test_log_rows_runs_as_the_tenant_and_leaves_the_callers_scope(db_url, conn):
+    """obs.log_rows writes as cft_app for its tenant whoever calls, puts the caller's role and
+    tenant back, and refuses a transaction scoped to another tenant, and the dashboard's role."""
+    t, other = make_tenant(conn), make_tenant(conn)
+    r = make_route(conn, tenant_id=t["id"])
+    scope = "SELECT current_user AS u, nullif(current_setting('cft.tenant_id', true), '') AS tenant"
+    with psycopg.connect(db_url, row_factory=dict_row) as c:
+        with c.transaction():  # the owner, unscoped
+            before = c.execute(scope).fetchone()
+            assert logs.log_records(c, tenant_id=t["id"], records=[record(r["name"])]) == [
+                "inserted"
+            ]
+            assert c.execute(scope).fetchone() == before
+        with c.transaction():
+            as_tenant(c, t["id"])
+            logs.log_records(c, tenant_id=t["id"], records=[record(r["name"])])
+            assert c.execute(scope).fetchone() == {"u": "cft_app", "tenant": str(t["id"])}
+        with pytest.raises(psycopg.errors.InsufficientPrivilege), c.transaction():
+            as_tenant(c, t["id"])
+            logs.log_records(c, tenant_id=other["id"], records=[record(r["name"])])
+        with pytest.raises(psycopg.errors.InsufficientPrivilege), c.transaction():
+            c.execute("SET LOCAL ROLE cft_dashboard")
+            logs.log_records(c, tenant_id=t["id"], records=[record(r["name"])])
+    n = conn.execute(
+        "SELECT count(*) AS n FROM obs.inference_log WHERE tenant_id = %s", (t["id"],)
+    ).fetchone()
+    assert n["n"] == 2
