@@ -138,3 +138,80 @@ def test_nul_characters_are_a_client_error_not_a_500(fuzz_server: Any) -> None:
     assert r.json()["error"]["code"] == "invalid_value" and "NUL" in r.json()["error"]["message"]
     r = requests.get(f"{base}/v1/adapters/a%00b", headers=headers, timeout=30)
     assert r.status_code in (404, 422), r.text
+
+
+def test_the_audits_payloads_get_quick_answers_never_a_500(fuzz_server: Any) -> None:
+    """The shapes an outside audit used (docs/security.md, "Doors"): a PII-pattern bomb, a
+    created_at years ahead, eval checks that backtrack, and an OTLP span bomb. Each gets its
+    documented answer within a time bound, and /healthz stays quick meanwhile."""
+    import gzip
+    import json
+    import threading
+    import uuid
+
+    base, keys = fuzz_server
+
+    def h(role: str, **more: str) -> dict[str, str]:
+        return {"Authorization": f"Bearer {keys[role]}"} | more
+
+    route = requests.get(f"{base}/v1/routes", headers=h("reader"), timeout=30).json()[0]["name"]
+    slowest: list[float] = []
+    stop = threading.Event()
+
+    def probe() -> None:
+        while not stop.is_set():
+            started = time.perf_counter()
+            requests.get(f"{base}/healthz", timeout=30)
+            slowest.append(time.perf_counter() - started)
+            time.sleep(0.05)
+
+    def record(**over: Any) -> dict[str, Any]:
+        return {
+            "request_id": str(uuid.uuid4()),
+            "route": route,
+            "adapter_id": "base",
+            "messages": [{"role": "user", "content": "hi"}],
+            "completion": "ok",
+        } | over
+
+    prober = threading.Thread(target=probe)
+    prober.start()
+    try:
+        cases = [
+            # Quadratic on the old e-mail pattern: linear on RE2.
+            ("POST", "/v1/logs", "ingest",
+             {"records": [record(completion="@" + "a" * 300_000)]}, (200, 201)),
+            # A week years ahead: refused, no partition made for it.
+            ("POST", "/v1/logs", "ingest",
+             {"records": [record(created_at="2030-01-07T00:00:00Z")]}, (422,)),
+            # Backtracking patterns: RE2 runs them in linear time; backreferences are refused.
+            ("POST", "/v1/eval-suites", "trainer", {"id": f"s-{uuid.uuid4().hex[:8]}",
+             "route": route, "cases": [{"messages": [{"role": "user", "content": "hi"}],
+                                        "check": "regex", "expected": "(.+)+Z"}]}, (201,)),
+            ("POST", "/v1/eval-suites", "trainer", {"id": f"s-{uuid.uuid4().hex[:8]}",
+             "route": route, "cases": [{"messages": [{"role": "user", "content": "hi"}],
+                                        "check": "regex", "expected": "(a)\\1"}]}, (422,)),
+        ]  # fmt: skip
+        for method, path, role, body, expected in cases:
+            started = time.perf_counter()
+            r = requests.request(method, base + path, json=body, headers=h(role), timeout=60)
+            took = time.perf_counter() - started
+            assert r.status_code in expected, (path, r.status_code, r.text[:300])
+            assert took < 5.0, (path, took)
+        spans = [
+            {"traceId": "01" * 16, "spanId": f"{i:016x}", "name": "x", "attributes": []}
+            for i in range(28_000)
+        ]
+        doc = {"resourceSpans": [{"resource": {}, "scopeSpans": [{"spans": spans}]}]}
+        started = time.perf_counter()
+        r = requests.post(
+            f"{base}/v1/traces",
+            data=gzip.compress(json.dumps(doc).encode()),
+            headers=h("ingest", **{"Content-Type": "application/json", "Content-Encoding": "gzip"}),
+            timeout=60,
+        )
+        assert r.status_code == 413 and time.perf_counter() - started < 5.0, r.text[:300]
+    finally:
+        stop.set()
+        prober.join()
+    assert slowest and max(slowest) < 1.5, max(slowest)
