@@ -9,7 +9,7 @@ from typing import TYPE_CHECKING, Any, ClassVar, Literal
 if TYPE_CHECKING:  # the reconciler passes its client; nothing here needs httpx at import
     import httpx
 
-EngineKind = Literal["vllm", "sglang", "lorax", "local"]
+EngineKind = Literal["vllm", "sglang", "lorax", "local", "vllm-lazy"]
 
 
 class Outcome(enum.Enum):
