@@ -155,6 +155,7 @@ class VLLMLazy(VLLM):
 
     name: ClassVar[EngineKind] = "vllm-lazy"
     loads_adapters: ClassVar[bool] = False
+    unloads_staged: ClassVar[bool] = True
     # /v1/models lists only what vLLM has resolved so far; what a call may name is what the
     # reconciler staged.
     lists_models: ClassVar[bool] = False

@@ -167,3 +167,24 @@ def test_lorax_kind_stages_verified_files_and_names_the_adapter_per_request(
             wait_until(lambda: stack.deployment(prod)["state"] == "unloaded", "unload recorded")
             resp = stack.call(api)
             assert resp.headers["x-cft-adapter"] == BASE and fake.served[-1] == ""
+
+
+def test_vllm_lazy_kind_stages_for_the_resolver_and_unloads_on_retire(stack: Stack) -> None:
+    serving = stack.settings.serving_path
+    serving.mkdir(parents=True)
+    fake = FakeVLLM(BASE, resolver_dir=serving)
+    prod = stack.adapter(status="prod", pct=100)
+    with serve_app(fake.app, ready_path="/health") as engine:
+        app = create_app(stack.settings, db_url=stack.db_url, engine_urls=[f"vllm-lazy+{engine}"])
+        with serve_app(app) as api:
+            wait_until(lambda: stack.deployment(prod).get("state") == "loaded", "staging")
+            assert fake.loras == {}
+            resp = stack.call(api)
+            assert resp.status_code == 200, resp.text
+            assert resp.headers["x-cft-adapter"] == prod and fake.served[-1] == prod
+            assert fake.loras == {prod: str(serving / prod)}  # resolved on first use
+            assert not any(p == "/v1/load_lora_adapter" for p in fake.paths())
+            stack.retire(prod)
+            wait_until(lambda: stack.deployment(prod)["state"] == "unloaded", "unload recorded")
+            assert ("/v1/unload_lora_adapter", {"lora_name": prod}) in fake.requests
+            assert fake.loras == {} and stack.call(api).headers["x-cft-adapter"] == BASE

@@ -307,6 +307,12 @@ def test_lazy_kind_stages_and_vllm_loads_on_first_call(
     assert seen == {(prod, None), (prod, "adapter_error")}  # canary users fell back to prod
     assert big not in served(vllm_server.url)
 
+    # Retired, it leaves vLLM too (a lazy load stays until unloaded by name).
+    stack.retire(prod)
+    wait_until(lambda: stack.deployment(prod)["state"] == "unloaded", "the unload recorded")
+    assert prod not in served(vllm_server.url)
+    assert stack.call(api).headers["x-cft-adapter"] == BASE
+
 
 def test_vllm_resolver_refuses_an_adapter_staged_for_another_base(
     vllm_server: VLLMServer, adapters: dict[str, Path]

@@ -16,6 +16,7 @@ def test_every_kind_has_its_rules() -> None:
     assert [k for k in KINDS if kind_of(k).vllm_api] == ["vllm", "local", "vllm-lazy"]
     assert kind_of("lorax").probe_path == "/health" and kind_of("sglang").probe_path == "/v1/models"
     assert kind_of("vllm-lazy").probe_path == "/health"
+    assert [k for k in KINDS if kind_of(k).unloads_staged] == ["vllm-lazy"]
 
 
 def test_kinds_are_set_per_url() -> None:

@@ -290,7 +290,8 @@ class Reconciler:
     ) -> None:
         """An engine that loads on first use (LoRAX): stage verified artefacts where it reads
         them; no engine call but its probe."""
-        path = kind_of(engine.kind).probe_path
+        kind = kind_of(engine.kind)
+        path = kind.probe_path
         try:
             self.client.get(engine.url + path, timeout=5.0).raise_for_status()
         except httpx.HTTPError as exc:
@@ -325,6 +326,9 @@ class Reconciler:
             log.info("staged adapter %s for %s (loaded on first use)", adapter.id, engine.url)
         for adapter_id, state in ours.items():
             if state == "loaded" and adapter_id not in desired:
+                # An engine that took it on a call keeps it until told (vLLM's resolver).
+                if kind.unloads_staged and not self._unload(engine, adapter_id):
+                    continue  # tried again next pass
                 self._record(conn, adapter_id, engine.url, "unloaded", None)
                 rep.unloaded.append((adapter_id, engine.url))
         engine.adapter_paths = {a: str(self.serving_dir / a) for a in staged}
