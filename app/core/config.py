@@ -83,7 +83,8 @@ class Settings(BaseSettings):
     engine_urls: str = Field(
         "",
         description="Comma-separated engine base URLs, each optionally KIND+URL with KIND vllm"
-        " (the default), sglang, lorax or local (docs/engines.md); empty = local engine.",
+        " (the default), vllm-lazy, sglang, lorax or local (docs/engines.md); empty = local"
+        " engine.",
     )
     engine_max_lora_rank: int = Field(
         16,

@@ -9,7 +9,7 @@ from typing import TYPE_CHECKING, Any, ClassVar, Literal
 if TYPE_CHECKING:  # the reconciler passes its client; nothing here needs httpx at import
     import httpx
 
-EngineKind = Literal["vllm", "sglang", "lorax", "local"]
+EngineKind = Literal["vllm", "sglang", "lorax", "local", "vllm-lazy"]
 
 
 class Outcome(enum.Enum):
@@ -53,6 +53,9 @@ class Kind:
     # False: the reconciler only verifies and stages an adapter's files, and the engine reads
     # them on a call's first use (no load or unload call).
     loads_adapters: ClassVar[bool] = True
+    # True (a kind that loads on first use): a retired adapter is unloaded by name all the same,
+    # since the engine keeps what a call made it load.
+    unloads_staged: ClassVar[bool] = False
     # False: the engine has no /v1/models; it is probed on /health, and what it may be asked
     # for is what the reconciler staged.
     lists_models: ClassVar[bool] = True

@@ -7,7 +7,9 @@ Written from vLLM's own loading code (vllm-project/vllm; docs/engines.md cites e
   refuses `modules_to_save` ("vLLM only supports modules_to_save being None"), `use_dora`
   ("vLLM does not yet support DoRA"), `bias` other than "none", `r` above --max-lora-rank
   (also every value of `rank_pattern`), `r` <= 0, and `trainable_token_indices` beyond
-  --max-lora-trainable-tokens. `use_rslora` only changes the scale (alpha / sqrt(r)).
+  --max-lora-trainable-tokens. `use_rslora` only changes the scale (alpha / sqrt(r)). vLLM
+  0.32 (checked running) also refuses `init_lora_weights` naming an init that changes the base
+  weights (PiSSA, OLoRA, CorDA, LoftQ), `alora_invocation_tokens` and `layer_replication`.
 - vllm/config/lora.py (a78dc92): --max-lora-rank is one of 1, 8, 16, 32, 64, 128, 256, 320,
   512 (default 16).
 - vllm/lora/lora_model.py (532cc25): weights come from adapter_model.safetensors (before .bin
@@ -43,6 +45,9 @@ LLAMA_LORA_MODULES = frozenset(
     {"q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"}
 )
 EMBEDDING_MODULES = frozenset({"embed_tokens", "lm_head"})
+# init_lora_weights values that only set the starting weights (the saved adapter is a plain
+# LoRA); any other string (PiSSA, OLoRA, CorDA, LoftQ) changed the base weights too.
+WEIGHTS_ONLY_INITS = frozenset({"gaussian", "eva", "orthogonal", "mica", "lora_ga"})
 FLOAT_DTYPES = frozenset({"F16", "BF16", "F32"})
 _PREFIX = "base_model.model."
 _BASE_EMBEDDINGS = (".embed_tokens.base_layer.weight", ".lm_head.base_layer.weight")
@@ -140,9 +145,17 @@ def _config_problems(cfg: dict[str, Any], max_lora_rank: int, report: Report) ->
         )
     if cfg.get("bias", "none") != "none":
         out.append(f"Adapter bias is not supported (bias is {cfg['bias']!r})")
-    for flag in ("use_qalora", "use_bdlora", "lora_bias"):
+    for flag in ("use_qalora", "use_bdlora", "lora_bias", "alora_invocation_tokens"):
         if cfg.get(flag):
             out.append(f"{flag} is set: a LoRA variant vLLM does not implement")
+    if cfg.get("layer_replication"):
+        out.append("vLLM does not support layer_replication")
+    init = cfg.get("init_lora_weights")
+    if isinstance(init, str) and init.lower() not in WEIGHTS_ONLY_INITS:
+        out.append(
+            f"vLLM does not support init_lora_weights={init!r}: it changes the base model's"
+            " weights (convert the adapter to a plain LoRA first)"
+        )
     if cfg.get("target_parameters"):
         out.append("target_parameters (LoRA on raw parameters) is not part of the contract")
     for pattern in ("rank_pattern", "alpha_pattern"):

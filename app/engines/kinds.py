@@ -12,7 +12,9 @@ from typing import get_args
 from app.engines import local, lorax, sglang, vllm
 from app.engines.base import EngineKind, Kind
 
-_BY_NAME: dict[str, Kind] = {k.name: k for k in (vllm.KIND, sglang.KIND, lorax.KIND, local.KIND)}
+_BY_NAME: dict[str, Kind] = {
+    k.name: k for k in (vllm.KIND, sglang.KIND, lorax.KIND, local.KIND, vllm.LAZY)
+}
 KINDS: tuple[str, ...] = get_args(EngineKind)  # each has its Kind (tests/unit/test_engine_kinds.py)
 DEFAULT_KIND: EngineKind = "vllm"
 

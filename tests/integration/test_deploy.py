@@ -259,9 +259,10 @@ def test_vllm_serves_lora_like_the_trainer_trains() -> None:
     assert cmd[cmd.index("--max-lora-rank") + 1] == f"${{VLLM_MAX_LORA_RANK:-{rank}}}"
     assert _env_example()["VLLM_MAX_LORA_RANK"] == str(rank)
     assert "CFT_BASE_MODEL" in cmd[cmd.index("--model") + 1]
-    # The engine reads adapters at the path the api's reconciler writes them (CFT_SERVING_DIR).
+    # The engine reads adapters at the path the api's reconciler and the evaluator write them
+    # (CFT_SERVING_DIR).
     serving_dir = services["api"]["environment"]["CFT_SERVING_DIR"]
-    for name in ("vllm", "api"):
+    for name in ("vllm", "api", "evaluator"):
         mounts = {v.split(":")[1]: v.split(":")[0] for v in services[name]["volumes"]}
         assert mounts.get(serving_dir) == "adapters", name
     assert "vllm:8000" in services["api"]["environment"]["CFT_ENGINE_URLS"]

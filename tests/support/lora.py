@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from pathlib import Path
+from typing import Any
 
 from workers import base_model
 
@@ -17,10 +18,12 @@ def make_adapter_dir(
     seed: int | None,
     rank: int = 8,
     target_modules: Sequence[str] = ATTENTION,
+    **config: Any,
 ) -> Path:
     """Save a LoRA adapter to target: seed None = zero-initialised (the base itself), else random.
 
-    A random adapter has its lora_B scaled by 4 so that it visibly changes the output.
+    A random adapter has its lora_B scaled by 4 so that it visibly changes the output; `config`
+    goes to peft's LoraConfig (use_dora, modules_to_save, …).
     """
     import torch
     from peft import LoraConfig, get_peft_model
@@ -34,6 +37,7 @@ def make_adapter_dir(
             lora_alpha=16,
             target_modules=list(target_modules),
             init_lora_weights=seed is None,
+            **config,
         ),
     )
     if seed is not None:

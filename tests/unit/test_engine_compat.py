@@ -22,6 +22,9 @@ def test_a_plain_lora_adapter_passes(tmp_path: Path) -> None:
     assert report.rank == 8 and report.modules == {"q_proj", "k_proj", "v_proj"}
     # rsLoRA only changes the scale vLLM computes: still loadable.
     assert check(write_adapter(tmp_path / "b", use_rslora=True)).ok
+    # So does an init that only set the starting weights.
+    assert check(write_adapter(tmp_path / "c", init_lora_weights="gaussian")).ok
+    assert check(write_adapter(tmp_path / "d", init_lora_weights=False)).ok
 
 
 @pytest.mark.parametrize(
@@ -33,6 +36,9 @@ def test_a_plain_lora_adapter_passes(tmp_path: Path) -> None:
         ({"peft_type": "IA3"}, "only LoRA adapters are served"),
         ({"alpha_pattern": {"q_proj": 32}}, "alpha_pattern is set"),
         ({"lora_bias": True}, "lora_bias is set"),
+        ({"init_lora_weights": "pissa"}, "does not support init_lora_weights='pissa'"),
+        ({"alora_invocation_tokens": [1, 2]}, "alora_invocation_tokens is set"),
+        ({"layer_replication": [[0, 4]]}, "does not support layer_replication"),
     ],
 )
 def test_config_extras_vllm_refuses_fail(tmp_path: Path, over: dict, expected: str) -> None:

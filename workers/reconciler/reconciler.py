@@ -10,10 +10,13 @@ ready before the old one goes. Outcomes go to serve.adapter_deployment (one row 
 and engine), the log and the metrics.
 
 The engine's kind decides the calls (app/engines): vLLM and the local engine POST
-/v1/load_lora_adapter, SGLang POST /load_lora_adapter. A kind that loads nothing ahead (LoRAX)
-reads an adapter from the serving directory on its first request, so the reconciler only
-verifies and stages the files there, records the deployment ('loaded' = staged and verified),
-and tells the router which adapters it may name (EngineState.models / adapter_paths).
+/v1/load_lora_adapter, SGLang POST /load_lora_adapter. A kind that loads nothing ahead (LoRAX,
+vLLM with its filesystem resolver: `vllm-lazy`) reads an adapter from the serving directory on
+its first request, so the reconciler only verifies and stages the files there, records the
+deployment ('loaded' = staged and verified), and tells the router which adapters it may name
+(EngineState.models / adapter_paths). Every staged copy names its base as the engines serve
+it (adapter_config.json's base_model_name_or_path = serve.adapter.base_model), which vLLM's
+resolver requires.
 
 Passes run on NOTIFY cft_adapter, when the gateway asks (an engine said 404), and every
 `interval` seconds. Between passes the thread blocks in select() on its one kept connection
@@ -55,6 +58,7 @@ from app.engines.base import Outcome
 from app.engines.kinds import kind_of
 from app.engines.lora_metrics import vllm_lora_state
 from app.engines.state import EngineState, model_ids
+from app.engines.vllm import CONFIG_FILE, stage_config
 
 log = logging.getLogger("cft.reconciler")
 
@@ -76,6 +80,7 @@ class Desired:
 
     id: str
     route: str
+    base_model: str
     weights_uri: str
     sha256: str
 
@@ -155,7 +160,7 @@ class Reconciler:
     def _desired(self, conn: Connection) -> dict[str, Desired]:
         # The previous prod of each route stays loaded too, so a rollback is instant.
         rows = conn.execute(
-            "SELECT id, route, weights_uri, sha256 FROM serve.adapter"
+            "SELECT id, route, base_model, weights_uri, sha256 FROM serve.adapter"
             " WHERE (status IN ('canary', 'prod') OR (tainted_at IS NULL AND id IN ("
             "  SELECT previous_prod_id FROM serve.adapter"
             "   WHERE status = 'prod' AND previous_prod_id IS NOT NULL)))"
@@ -311,11 +316,14 @@ class Reconciler:
         return False
 
     def _prepare(self, adapter: Desired) -> Path:
-        """The verified artefact under serving_dir/<id> (fetched once, re-verified each load)."""
+        """The verified artefact under serving_dir/<id> (fetched once, re-verified each load),
+        naming its base as the engines serve it (what vLLM's filesystem resolver checks)."""
         dest = self.serving_dir / adapter.id
         if dest.is_dir():
             try:
-                return artefacts.verify(dest, adapter.sha256)
+                artefacts.verify(dest, adapter.sha256)
+                _stage_config(dest, adapter)
+                return dest
             except artefacts.ArtefactError:
                 log.warning("serving copy of %s changed on disk: fetching it again", adapter.id)
                 shutil.rmtree(dest, ignore_errors=True)
@@ -323,6 +331,7 @@ class Reconciler:
         tmp = Path(tempfile.mkdtemp(dir=self.serving_dir, prefix=f".{adapter.id}-"))
         try:
             artefacts.fetch_verified(adapter.weights_uri, adapter.sha256, tmp, self.settings)
+            _stage_config(tmp, adapter)
             tmp.rename(dest)
         finally:
             if tmp.exists():
@@ -348,7 +357,8 @@ class Reconciler:
     ) -> None:
         """An engine that loads on first use (LoRAX): stage verified artefacts where it reads
         them; no engine call but its probe."""
-        path = kind_of(engine.kind).probe_path
+        kind = kind_of(engine.kind)
+        path = kind.probe_path
         try:
             self.client.get(engine.url + path, timeout=5.0).raise_for_status()
         except httpx.HTTPError as exc:
@@ -383,6 +393,9 @@ class Reconciler:
             log.info("staged adapter %s for %s (loaded on first use)", adapter.id, engine.url)
         for adapter_id, state in ours.items():
             if state == "loaded" and adapter_id not in desired:
+                # An engine that took it on a call keeps it until told (vLLM's resolver).
+                if kind.unloads_staged and not self._unload(engine, adapter_id):
+                    continue  # tried again next pass
                 self._record(conn, adapter_id, engine.url, "unloaded", None)
                 rep.unloaded.append((adapter_id, engine.url))
         engine.adapter_paths = {a: str(self.serving_dir / a) for a in staged}
@@ -507,6 +520,15 @@ class Reconciler:
                 due = 0.0
                 self._stop.wait(backoff)
                 backoff = min(backoff * 2, 10.0)
+
+
+def _stage_config(path: Path, adapter: Desired) -> None:
+    try:
+        stage_config(path, adapter.base_model)
+    except (OSError, ValueError) as exc:
+        raise artefacts.ArtefactError(
+            f"cannot stage {adapter.id}: its {CONFIG_FILE} is unreadable ({exc})"
+        ) from exc
 
 
 def in_router(db_url: str, engines: list[EngineState], settings: Settings) -> Reconciler:
