@@ -170,8 +170,14 @@ def test_without_runtime_lora_updating_loads_fail_readably_and_calls_get_the_bas
             error = wait_until(lambda: stack.deployment(prod).get("error"), "the failure")
             assert "VLLM_ALLOW_RUNTIME_LORA_UPDATING=True" in error
             assert stack.deployment(prod)["state"] == "failed"
-            resp = stack.call(api)
-            assert resp.status_code == 200, resp.text
+            # No silent base answer: a 503 that says so, until the route allows the base.
+            refused = stack.call(api)
+            assert refused.status_code == 503, refused.text
+            assert refused.json()["error"]["code"] == "adapter_not_loaded"
+            stack.sql(
+                "UPDATE serve.route SET fallback = 'base' WHERE name = %s", stack.route["name"]
+            )
+            resp = wait_until(lambda: (r := stack.call(api)).status_code == 200 and r, "fallback")
             assert resp.headers["x-cft-adapter"] == BASE
             assert resp.headers["x-cft-fallback"] == "not_loaded"
             assert resp.json()["choices"][0]["text"]
@@ -263,7 +269,12 @@ def test_router_and_reconciler_serve_an_adapter_through_vllm_streaming_included(
     error = wait_until(lambda: stack.deployment(big).get("error"), "the refusal", 60)
     assert "LoRA rank 32 is greater than max_lora_rank 16" in error
     assert stack.deployment(big)["state"] == "failed" and big not in served(vllm_server.url)
-    assert {stack.call(api, f"u{i}").headers["x-cft-adapter"] for i in range(6)} == {prod}
+    # Its users get a 503 that says so (the route has no fallback), the others prod.
+    got = set()
+    for i in range(12):
+        r = stack.call(api, f"u{i}")
+        got.add(r.headers["x-cft-adapter"] if r.status_code == 200 else r.json()["error"]["code"])
+    assert got == {prod, "adapter_not_loaded"}
 
     stack.retire(prod)
     wait_until(lambda: prod not in served(vllm_server.url), "the unload", 60)
@@ -296,7 +307,8 @@ def test_lazy_kind_stages_and_vllm_loads_on_first_call(
     assert resp.json()["choices"][0]["text"] == greedy(vllm_server.url, prod)
 
     # A staged canary vLLM refuses on first use (rank 32): vLLM's 400 makes the router serve
-    # the call from prod, and the canary stays unloaded.
+    # the call from prod (the route's fallback 'prod'), and the canary stays unloaded.
+    stack.sql("UPDATE serve.route SET fallback = 'prod' WHERE name = %s", stack.route["name"])
     big = stack.adapter(status="canary", pct=50, rank=32, source=adapters["rank32"])
     wait_until(lambda: stack.deployment(big).get("state") == "loaded", "the canary's staging")
     seen = set()
