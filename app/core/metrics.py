@@ -65,8 +65,9 @@ COLD_STARTS = Counter(
 )
 ROUTER_REQUESTS = Counter(
     "cft_router_requests_total",
-    "Requests proxied, by route, adapter (or base model) and status",
-    ["route", "adapter", "status"],
+    "Requests proxied, by tenant (id) and route (a route's name is unique within its tenant),"
+    " adapter (or base model) and status",
+    ["tenant", "route", "adapter", "status"],
     registry=REGISTRY,
 )
 ROUTER_LOG_DROPPED = Counter(

@@ -118,7 +118,7 @@ async def _send_or_log(
         record |= {"status": "error", "completion": None, "adapter_id": assignment.adapter_id}
         runtime.writer.submit(record)
         model = assignment.adapter_id or state.base_model
-        child(ROUTER_REQUESTS, record["route"], model, "error").inc()
+        child(ROUTER_REQUESTS, str(record[TENANT_KEY]), record["route"], model, "error").inc()
         exc.headers["X-Request-Id"] = record["request_id"]
         raise
 
@@ -178,7 +178,8 @@ async def _whole(
         data["model"] = route_name
     else:
         record["status"] = "error"
-    child(ROUTER_REQUESTS, route_name, sent.model, record["status"]).inc()
+    tenant = str(record[TENANT_KEY])
+    child(ROUTER_REQUESTS, tenant, route_name, sent.model, record["status"]).inc()
     writer.submit(record)
     return Response(orjson.dumps(data), upstream.status, headers, "application/json")
 
@@ -201,7 +202,7 @@ async def _streamed(
         finally:
             upstream.finish()
         record |= {"status": "error", "completion": None}
-        child(ROUTER_REQUESTS, route_name, sent.model, "error").inc()
+        child(ROUTER_REQUESTS, str(record[TENANT_KEY]), route_name, sent.model, "error").inc()
         writer.submit(record)
         return Response(payload, upstream.status, headers, "application/json")
     events = relay(

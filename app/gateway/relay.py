@@ -12,6 +12,7 @@ from starlette.types import Receive, Scope, Send
 
 from app.core.metrics import ROUTER_REQUESTS, child
 from app.gateway.client import EngineResponse
+from app.gateway.logsink import TENANT_KEY
 from app.gateway.logwriter import LogWriter
 from app.gateway.pool import ENGINE_ERRORS
 from app.gateway.tasks import background
@@ -65,6 +66,7 @@ async def relay(
     usage: dict[str, Any] = {}
     ttft_ms: int | None = None
     status = "partial"
+    tenant = str(record[TENANT_KEY])  # read now: the log writer takes it out of the record
     buffer = b""
     try:
         async for chunk in upstream.chunks():
@@ -107,6 +109,6 @@ async def relay(
             tokens_out=usage.get("completion_tokens") or (len(text) if text else None),
             status=status,
         )
-        child(ROUTER_REQUESTS, route_name, model, status).inc()
+        child(ROUTER_REQUESTS, tenant, route_name, model, status).inc()
         writer.submit(record)
         upstream.finish()

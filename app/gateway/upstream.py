@@ -79,7 +79,7 @@ async def _adapter_failed(
         detail = repr(exc).encode()
     finally:
         resp.finish()
-    child(ROUTER_REQUESTS, state.name, model, "error").inc()
+    child(ROUTER_REQUESTS, str(state.tenant_id), state.name, model, "error").inc()
     log.warning(
         "adapter %s failed on %s (%s %s): falling back", model, engine.url, resp.status, detail
     )

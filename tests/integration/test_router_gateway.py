@@ -351,6 +351,7 @@ def test_metrics_count_calls_and_time_lora_and_base_apart(setup):
         "base": _sample("cft_router_upstream_seconds_count", kind="base"),
         "prod": _sample(
             "cft_router_requests_total",
+            tenant=str(setup["tenant"]["id"]),
             route=setup["route"]["name"],
             adapter=setup["prod"]["id"],
             status="ok",
@@ -374,6 +375,7 @@ def test_metrics_count_calls_and_time_lora_and_base_apart(setup):
     assert _sample("cft_router_upstream_seconds_count", kind="base") - before["base"] == 1
     prod_calls = _sample(
         "cft_router_requests_total",
+        tenant=str(setup["tenant"]["id"]),
         route=setup["route"]["name"],
         adapter=setup["prod"]["id"],
         status="ok",

@@ -19,6 +19,7 @@ from psycopg.rows import dict_row
 from app.core import auth
 from app.core.artefacts import LocalStore
 from app.core.config import Settings, get_settings
+from app.core.metrics import REGISTRY
 from tests.support.engines import FakeVLLM, write_adapter
 from tests.support.factories import make_adapter, make_tenant
 from tests.support.servers import serve_app
@@ -295,6 +296,14 @@ def test_the_router_serves_each_tenant_its_own_route_of_the_same_name(
     rows = wait_until(lambda: (got := logged()) >= {(t, ROUTE, x) for t, x in served} and got,
                       "every kind of call logged")  # fmt: skip
     assert {(t, x) for t, _, x in rows} == served and {r for _, r, _ in rows} == {ROUTE}
+    # The operator's metrics keep the two routes of one name apart.
+
+    def calls(t: dict[str, Any], adapter: str) -> float:
+        labels = {"tenant": str(t["id"]), "route": ROUTE, "adapter": adapter, "status": "ok"}
+        return REGISTRY.get_sample_value("cft_router_requests_total", labels) or 0.0
+
+    assert calls(a, prod_a) >= 3 and calls(b, prod_b) >= 1 and calls(b, BASE) >= 3
+    assert calls(a, prod_b) == calls(b, prod_a) == 0
 
 
 def _cft(monkeypatch: pytest.MonkeyPatch, db_url: str, *argv: str) -> int:
