@@ -1,13 +1,14 @@
 """Names are unique per tenant: two tenants each create a route `support` and an eval suite
-`smoke`, and each works on its own, over REST and through the router, with the other's never
-in the way; a name taken only by another tenant is free (no 409, nothing of the other told);
-a second one of the same tenant is a 409."""
+`smoke`, and each works on its own, over REST, through the router and in the loop, with the
+other's never in the way; a name taken only by another tenant is free (no 409, nothing of the
+other told); a second one of the same tenant is a 409."""
 
 from __future__ import annotations
 
 import time
 import uuid
 from collections.abc import Callable
+from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
@@ -21,7 +22,8 @@ from app.core.artefacts import LocalStore
 from app.core.config import Settings, get_settings
 from app.core.metrics import REGISTRY
 from tests.support.engines import FakeVLLM, write_adapter
-from tests.support.factories import make_adapter, make_tenant
+from tests.support.factories import make_adapter, make_log, make_route, make_tenant
+from tests.support.loop import refresh, set_policy, trigger
 from tests.support.servers import serve_app
 from workers import cli
 from workers.api import create_app
@@ -342,3 +344,37 @@ def test_commands_that_see_every_tenant_ask_which_one_when_a_name_is_shared(
         _cft(monkeypatch, db_url, "rollback", ROUTE, "--tenant", str(a["id"]), "--reason", "x") == 1
     )
     assert f"route {ROUTE} has no prod adapter" in capsys.readouterr().err
+
+
+def test_the_loop_counts_and_starts_each_tenants_route_of_one_name_on_its_own(
+    conn: Any, tenants: dict[str, dict[str, Any]]
+) -> None:
+    """The loop worker sees every tenant: each tenant's `support` has its own signal, its own
+    cycle, and a cycle in flight of one never holds the other's back."""
+    routes = {}
+    for name, t in tenants.items():
+        routes[name] = make_route(conn, tenant_id=t["id"], name=ROUTE)
+        set_policy(conn, routes[name], min_new_examples=2, min_interval=timedelta(0))
+
+    def edit(name: str, text: str) -> None:
+        make_log(conn, tenant_id=tenants[name]["id"], route=ROUTE, fb_edited=True,
+                 edited_completion=f"better {text}",
+                 messages=[{"role": "user", "content": text}])  # fmt: skip
+
+    edit("alpha", "q1")
+    edit("alpha", "q2")
+    edit("beta", "q3")
+    refresh(conn)
+    assert trigger(conn, routes["alpha"], "volume")["value"] == 2
+    assert trigger(conn, routes["beta"], "volume")["value"] == 1
+    [first] = conn.execute("SELECT * FROM loop.start_due_cycles()").fetchall()
+    assert (first["tenant_id"], first["route"]) == (tenants["alpha"]["id"], ROUTE)
+    edit("beta", "q4")
+    refresh(conn)
+    [second] = conn.execute("SELECT * FROM loop.start_due_cycles()").fetchall()
+    assert (second["tenant_id"], second["route"]) == (tenants["beta"]["id"], ROUTE)
+    in_flight = conn.execute(
+        "SELECT tenant_id FROM loop.cycle WHERE route = %s AND state = 'triggered' ORDER BY id",
+        (ROUTE,),
+    ).fetchall()
+    assert [c["tenant_id"] for c in in_flight] == [tenants["alpha"]["id"], tenants["beta"]["id"]]
