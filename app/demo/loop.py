@@ -274,7 +274,7 @@ def _setup(c: Client, cfg: DemoConfig, p: SimProduct, held_qs: list[Any], say: S
     """The product's setup: its route, its eval suite (if any), the loop turned on; returns the
     route's tenant."""
     try:
-        c.call(
+        made = c.call(
             "trainer", "POST", "/v1/routes", json={"name": cfg.route, "experiment": cfg.experiment}
         )
         say(f"  route {cfg.route} created (serving the bare base model)")
@@ -282,6 +282,7 @@ def _setup(c: Client, cfg: DemoConfig, p: SimProduct, held_qs: list[Any], say: S
         if "-> 409" not in str(exc):
             raise
         say(f"  route {cfg.route} exists: resuming")
+        made = c.call("trainer", "GET", f"/v1/routes/{cfg.route}")
     if cfg.suite is not None:
         kind, expected = cfg.suite
         cases = [
@@ -303,7 +304,7 @@ def _setup(c: Client, cfg: DemoConfig, p: SimProduct, held_qs: list[Any], say: S
     c.call("release", "PUT", f"/v1/routes/{cfg.route}/loop", json=cfg.policy)
     say(f"  loop enabled: PUT /v1/routes/{cfg.route}/loop {cfg.policy}")
     say("  from here on the demo only sends users; the platform runs the loop")
-    return int(c.call("trainer", "GET", f"/v1/routes/{cfg.route}")["tenant_id"])
+    return int(made["tenant_id"])
 
 
 @dataclass
