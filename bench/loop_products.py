@@ -441,7 +441,8 @@ def main() -> int:
                 say(f"[bench] {name} stopped: {exc}")
                 rows.append({"product": name, "error": str(exc)})
                 continue
-            report = collect(url, route=cfg.route, held_out_chats=run.held_out_chats)
+            report = collect(url, tenant_id=run.tenant_id, route=cfg.route,
+                             held_out_chats=run.held_out_chats)  # fmt: skip
             s = summarise(name, run, report, time.time() - t0)
             s["report"] = report
             s["run"] = {k: v for k, v in asdict(run).items()

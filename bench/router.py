@@ -230,8 +230,9 @@ class Stack:
                 (tid, BASE),
             )
             c.execute(
-                "INSERT INTO train.promotion_policy (route, suite_id, metric, direction)"
-                " VALUES ('support-es', 'tasks', 'accuracy', 'higher')"
+                "INSERT INTO train.promotion_policy (tenant_id, route, suite_id, metric, direction)"
+                " VALUES (%s, 'support-es', 'tasks', 'accuracy', 'higher')",
+                (tid,),
             )
             c.execute(
                 "INSERT INTO train.eval_result (adapter_id, suite_id, metric, score)"

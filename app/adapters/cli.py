@@ -9,6 +9,7 @@ from typing import Any
 from app.adapters import service as adapters
 from app.core.db import connect, database_url
 from app.core.errors import CftError
+from app.routes import service as routes
 
 
 def register(subparsers: Any) -> None:
@@ -29,6 +30,9 @@ def register(subparsers: Any) -> None:
 
     p = subparsers.add_parser("rollback", help="retire a route's prod and restore the previous")
     p.add_argument("route")
+    p.add_argument(
+        "--tenant", help="the route's tenant (name or id); needed when several tenants have it"
+    )
     p.add_argument("--reason", required=True)
     p.set_defaults(func=_rollback)
 
@@ -52,7 +56,11 @@ def _can_promote(args: argparse.Namespace) -> int:
         current = args.current
         if current is None:
             row = adapters.get_adapter(conn, adapter_id=args.candidate)
-            current = adapters.current_prod(conn, route=row["route"]) if row else None
+            current = (
+                adapters.current_prod(conn, tenant_id=row["tenant_id"], route=row["route"])
+                if row
+                else None
+            )
         found = adapters.blockers(conn, candidate=args.candidate, current=current)
     against = current or "no prod (first promotion)"
     if not found:
@@ -77,7 +85,8 @@ def _promote(args: argparse.Namespace) -> int:
 def _rollback(args: argparse.Namespace) -> int:
     try:
         with connect(database_url()) as conn, conn.transaction():
-            prod = adapters.current_prod(conn, route=args.route)
+            tenant_id = routes.route_tenant(conn, name=args.route, tenant=args.tenant)
+            prod = adapters.current_prod(conn, tenant_id=tenant_id, route=args.route)
             if prod is None:
                 print(f"route {args.route} has no prod adapter", file=sys.stderr)
                 return 1

@@ -97,14 +97,15 @@ def record_eval_results(
 @router.get("/v1/promotion-policy")
 def read_policy(conn: TenantConn, key: ReaderKey, route: str | None = None) -> schemas.PolicyOut:
     """The gate's rules: global ones and the route's own."""
-    data: list[dict[str, Any]] = adapters.get_policy(conn, route=route)
+    data: list[dict[str, Any]] = adapters.get_policy(conn, tenant_id=key.tenant_id, route=route)
     return schemas.PolicyOut.model_validate({"data": data})
 
 
 @router.put("/v1/promotion-policy")
 def replace_policy(body: schemas.PolicyIn, conn: TenantConn, key: AdminKey) -> schemas.PolicyOut:
     """Replace a route's own rules (admin keys only: the rules are what the gate enforces)."""
-    adapters.replace_policy(conn, route=body.route, rules=[r.model_dump() for r in body.rules])
-    return schemas.PolicyOut.model_validate(
-        {"data": [r for r in adapters.get_policy(conn, route=body.route) if r["route"]]}
+    adapters.replace_policy(
+        conn, tenant_id=key.tenant_id, route=body.route, rules=[r.model_dump() for r in body.rules]
     )
+    rules = adapters.get_policy(conn, tenant_id=key.tenant_id, route=body.route)
+    return schemas.PolicyOut.model_validate({"data": [r for r in rules if r["route"]]})

@@ -94,10 +94,11 @@ def get_detail_or_raise(conn: Connection, *, adapter_id: str) -> dict[str, Any]:
     }
 
 
-def current_prod(conn: Connection, *, route: str) -> str | None:
-    """The id of the route's prod adapter, or None."""
+def current_prod(conn: Connection, *, tenant_id: int, route: str) -> str | None:
+    """The id of the tenant's route's prod adapter, or None."""
     row = conn.execute(
-        "SELECT id FROM serve.adapter WHERE route = %s AND status = 'prod'", (route,)
+        "SELECT id FROM serve.adapter WHERE tenant_id = %s AND route = %s AND status = 'prod'",
+        (tenant_id, route),
     ).fetchone()
     return str(row["id"]) if row else None
 
@@ -113,7 +114,7 @@ def blockers(conn: Connection, *, candidate: str, current: str | None) -> list[d
 def check_promotion(conn: Connection, *, adapter_id: str) -> dict[str, Any]:
     """The gate's verdict on promoting adapter_id over its route's prod now."""
     row = get_adapter_or_raise(conn, adapter_id=adapter_id)
-    current = current_prod(conn, route=row["route"])
+    current = current_prod(conn, tenant_id=row["tenant_id"], route=row["route"])
     # For the prod itself the database answers "candidate and current are the same adapter".
     found = blockers(conn, candidate=adapter_id, current=current)
     return {"adapter_id": adapter_id, "current": current, "allowed": not found, "blockers": found}
@@ -186,7 +187,8 @@ def rollback(
     try:
         with conn.transaction():
             got = conn.execute(
-                "SELECT serve.rollback(%s, %s) AS id", (row["route"], reason)
+                "SELECT serve.rollback(%s, %s, %s) AS id",
+                (row["tenant_id"], row["route"], reason),
             ).fetchone()
     except psycopg.Error as exc:
         _raise_gate(exc)
@@ -273,26 +275,39 @@ def record_eval_results(
     return get_detail_or_raise(conn, adapter_id=adapter_id)["eval_results"]  # type: ignore[no-any-return]
 
 
-def get_policy(conn: Connection, *, route: str | None = None) -> list[dict[str, Any]]:
-    """Rules visible to the connection: the global ones and those of route (or of every route)."""
+def get_policy(
+    conn: Connection, *, tenant_id: int, route: str | None = None
+) -> list[dict[str, Any]]:
+    """The global rules and the tenant's rules of route (or of every route of the tenant)."""
     rows = conn.execute(
         "SELECT route, suite_id, metric, direction, tolerance, required, trusted_authors,"
         " min_judge_kappa FROM train.promotion_policy"
-        " WHERE %(route)s::text IS NULL OR route IS NULL OR route = %(route)s"
+        " WHERE route IS NULL"
+        "    OR (tenant_id = %(tenant)s AND (%(route)s::text IS NULL OR route = %(route)s))"
         " ORDER BY route NULLS FIRST, suite_id, metric",
-        {"route": route},
+        {"tenant": tenant_id, "route": route},
     ).fetchall()
     return [_clean(r, "tolerance", "min_judge_kappa") for r in rows]
 
 
-def replace_policy(conn: Connection, *, route: str, rules: list[dict[str, Any]]) -> None:
-    """Replace a route's own rules (the global rules are managed in SQL by the operator)."""
-    if conn.execute("SELECT 1 FROM serve.route WHERE name = %s", (route,)).fetchone() is None:
+def replace_policy(
+    conn: Connection, *, tenant_id: int, route: str, rules: list[dict[str, Any]]
+) -> None:
+    """Replace a tenant's route's own rules (the global rules are managed in SQL by the
+    operator)."""
+    found = conn.execute(
+        "SELECT 1 FROM serve.route WHERE tenant_id = %s AND name = %s", (tenant_id, route)
+    ).fetchone()
+    if found is None:
         raise NotFound(f"route {route!r} not found", code="route_not_found")
-    conn.execute("DELETE FROM train.promotion_policy WHERE route = %s", (route,))
+    conn.execute(
+        "DELETE FROM train.promotion_policy WHERE tenant_id = %s AND route = %s",
+        (tenant_id, route),
+    )
     for rule in rules:
         # A field left out (None) takes the database's default (trusted authors, least kappa).
-        row = {k: v for k, v in (rule | {"route": route}).items() if v is not None}
+        given = rule | {"route": route, "tenant_id": tenant_id}
+        row = {k: v for k, v in given.items() if v is not None}
         cols = ", ".join(row)
         vals = ", ".join(f"%({k})s" for k in row)
         conn.execute(f"INSERT INTO train.promotion_policy ({cols}) VALUES ({vals})", row)

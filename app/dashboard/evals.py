@@ -23,7 +23,8 @@ def _against(conn: Any, adapter: dict[str, Any]) -> tuple[str | None, str]:
     """The adapter the gate compares with: the route's prod, or for the prod the one it replaced."""
     if adapter["status"] == "prod":
         return adapter["previous_prod_id"], "previous prod"
-    return adapters.current_prod(conn, route=adapter["route"]), "prod"
+    prod = adapters.current_prod(conn, tenant_id=adapter["tenant_id"], route=adapter["route"])
+    return prod, "prod"
 
 
 def _base_scores(adapter: dict[str, Any]) -> dict[tuple[str, str], Any]:
@@ -43,7 +44,7 @@ def _rules(conn: Any, adapter: dict[str, Any]) -> dict[tuple[str, str], str]:
     snap = adapter.get("dataset_snapshot_id")
     out: dict[tuple[str, str], str] = {}
     # Global rules first, so the route's own replace them.
-    for r in adapters.get_policy(conn, route=adapter["route"]):
+    for r in adapters.get_policy(conn, tenant_id=adapter["tenant_id"], route=adapter["route"]):
         if r["route"] not in (None, adapter["route"]):
             continue
         suite = f"heldout:{snap}" if r["suite_id"] == "heldout:snapshot" and snap else r["suite_id"]
@@ -65,7 +66,8 @@ def evals_page(request: Request, pool: PoolDep) -> Response:
         return login_page(request)
     with tenant(key, pool) as conn:
         rows = conn.execute(
-            "SELECT a.id, a.route, a.status, a.created_at, a.previous_prod_id, count(r.*) AS n"
+            "SELECT a.id, a.tenant_id, a.route, a.status, a.created_at, a.previous_prod_id,"
+            " count(r.*) AS n"
             "  FROM serve.adapter a JOIN train.eval_result_counted r ON r.adapter_id = a.id"
             " GROUP BY a.id ORDER BY a.created_at DESC, a.id LIMIT 100"
         ).fetchall()

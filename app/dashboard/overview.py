@@ -109,9 +109,9 @@ def _count(v: Any) -> str:
     return f"{v:.0f}" if isinstance(v, float) and v.is_integer() else num(v)
 
 
-def _loop_panel(conn: Any, route: str) -> dict[str, Any]:
+def _loop_panel(conn: Any, tenant_id: int, route: str) -> dict[str, Any]:
     """One route's loop: policy, triggers with their values, the current cycle, the history."""
-    st = loop.status(conn, route=route)
+    st = loop.status(conn, tenant_id=tenant_id, route=route)
     p = st["policy"]
     fields = [f for f in LOOP_FIELDS_FIRST if f in p] + [
         f for f in loop.POLICY_FIELDS if f in p and f not in LOOP_FIELDS_FIRST
@@ -159,7 +159,7 @@ def overview(request: Request, pool: PoolDep) -> Response:
         reg = experiments.registry(conn)
         exps = experiments.list_experiments(conn)
         decisions = experiments.decisions(conn, limit=20)
-        loops = [_loop_panel(conn, r["name"]) for r in reg["routes"]]
+        loops = [_loop_panel(conn, key.tenant_id, r["name"]) for r in reg["routes"]]
         serving = _serving(conn)
     return page(
         request,

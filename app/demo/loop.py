@@ -243,7 +243,8 @@ class Traffic:
 class CycleView:
     """The route's newest loop cycle, read over a read-only SQL session (never written)."""
 
-    def __init__(self, db_url: str, route: str):
+    def __init__(self, db_url: str, tenant_id: int, route: str):
+        self.tenant_id = tenant_id
         self.route = route
         self.conn: Connection = connect(db_url, autocommit=True)
         self.conn.execute("SET default_transaction_read_only = on")
@@ -252,14 +253,15 @@ class CycleView:
         """The newest cycle's state and what it waits for, or None before the first."""
         return self.conn.execute(
             "SELECT id, state, waiting_for, adapter_id, method, error, decision_reason"
-            " FROM loop.cycle WHERE route = %s ORDER BY id DESC LIMIT 1",
-            (self.route,),
+            " FROM loop.cycle WHERE tenant_id = %s AND route = %s ORDER BY id DESC LIMIT 1",
+            (self.tenant_id, self.route),
         ).fetchone()
 
     def volume_line(self) -> str:
         """The volume trigger's line ("waiting: 14 of 24 usable edits ...")."""
         row = self.conn.execute(
-            "SELECT line FROM loop.triggers(%s) WHERE trigger = 'volume'", (self.route,)
+            "SELECT line FROM loop.triggers(%s, %s) WHERE trigger = 'volume'",
+            (self.tenant_id, self.route),
         ).fetchone()
         return str(row["line"]) if row else "?"
 
@@ -268,10 +270,11 @@ class CycleView:
         self.conn.close()
 
 
-def _setup(c: Client, cfg: DemoConfig, p: SimProduct, held_qs: list[Any], say: Say) -> None:
-    """The product's setup: its route, its eval suite (if any), the loop turned on."""
+def _setup(c: Client, cfg: DemoConfig, p: SimProduct, held_qs: list[Any], say: Say) -> int:
+    """The product's setup: its route, its eval suite (if any), the loop turned on; returns the
+    route's tenant."""
     try:
-        c.call(
+        made = c.call(
             "trainer", "POST", "/v1/routes", json={"name": cfg.route, "experiment": cfg.experiment}
         )
         say(f"  route {cfg.route} created (serving the bare base model)")
@@ -279,6 +282,7 @@ def _setup(c: Client, cfg: DemoConfig, p: SimProduct, held_qs: list[Any], say: S
         if "-> 409" not in str(exc):
             raise
         say(f"  route {cfg.route} exists: resuming")
+        made = c.call("trainer", "GET", f"/v1/routes/{cfg.route}")
     if cfg.suite is not None:
         kind, expected = cfg.suite
         cases = [
@@ -300,6 +304,7 @@ def _setup(c: Client, cfg: DemoConfig, p: SimProduct, held_qs: list[Any], say: S
     c.call("release", "PUT", f"/v1/routes/{cfg.route}/loop", json=cfg.policy)
     say(f"  loop enabled: PUT /v1/routes/{cfg.route}/loop {cfg.policy}")
     say("  from here on the demo only sends users; the platform runs the loop")
+    return int(made["tenant_id"])
 
 
 @dataclass
@@ -308,6 +313,7 @@ class DemoRun:
 
     route: str
     started_at: float
+    tenant_id: int = 0  # the route's tenant (a route's name is unique within its tenant only)
     phases: dict[str, float] = field(default_factory=dict)
     users: dict[str, int] = field(default_factory=dict)
     liked: dict[str, int] = field(default_factory=dict)
@@ -345,7 +351,6 @@ def run_demo(
     the setup and before the first user (a benchmark measures the base there)."""
     p: SimProduct = product or SupportProduct()
     c = Client(api, keys)
-    view = CycleView(db_url, cfg.route)
     traffic = Traffic(c, cfg, say, p)
     train_qs, held_qs = p.split()
     run = DemoRun(route=cfg.route, started_at=time.time())
@@ -354,7 +359,8 @@ def run_demo(
     deadline = run.started_at + cfg.budget_s
     suite = f"{cfg.suite_name} eval suite" if cfg.suite is not None else "no eval suite"
     say(f"\n== setup: route, {suite}, the loop on")
-    _setup(c, cfg, p, held_qs, say)
+    run.tenant_id = _setup(c, cfg, p, held_qs, say)
+    view = CycleView(db_url, run.tenant_id, cfg.route)
     if before is not None:
         before(traffic, held_qs)
 

@@ -48,22 +48,23 @@ def _live(conn: Connection, cyc: dict[str, Any], held: list[str]) -> dict[str, A
     """Thumbs-up rates of rated rows: the base while it served alone, each canary arm, and the
     promoted adapter on held-out questions (held: their whole chats, as JSON) asked after its
     promotion."""
-    route, adapter = cyc["route"], cyc["adapter_id"]
+    tenant, route, adapter = cyc["tenant_id"], cyc["route"], cyc["adapter_id"]
     rated = (
         "count(*) FILTER (WHERE fb_explicit <> 0) AS n,"
         " count(*) FILTER (WHERE fb_explicit > 0) AS up"
     )
     base = conn.execute(
-        f"SELECT {rated} FROM obs.inference_log l JOIN serve.route r ON r.name = l.route"
-        " WHERE l.route = %s AND l.adapter_id = r.base_model AND l.variant IS NULL"
-        " AND l.created_at < coalesce(%s, now())",
-        (route, cyc["canary_started_at"]),
+        f"SELECT {rated} FROM obs.inference_log l"
+        " JOIN serve.route r ON r.tenant_id = l.tenant_id AND r.name = l.route"
+        " WHERE l.tenant_id = %s AND l.route = %s AND l.adapter_id = r.base_model"
+        " AND l.variant IS NULL AND l.created_at < coalesce(%s, now())",
+        (tenant, route, cyc["canary_started_at"]),
     ).fetchone()
     arms = conn.execute(
         f"SELECT variant, adapter_id, {rated} FROM obs.inference_log"
-        " WHERE route = %s AND variant IS NOT NULL AND created_at >= %s"
+        " WHERE tenant_id = %s AND route = %s AND variant IS NOT NULL AND created_at >= %s"
         " AND created_at < coalesce(%s, now()) GROUP BY 1, 2 ORDER BY 1",
-        (route, cyc["canary_started_at"], cyc["promoted_at"]),
+        (tenant, route, cyc["canary_started_at"], cyc["promoted_at"]),
     ).fetchall() if cyc["canary_started_at"] else []  # fmt: skip
     out: dict[str, Any] = {
         "base_observe": _rate(base),
@@ -75,9 +76,9 @@ def _live(conn: Connection, cyc: dict[str, Any], held: list[str]) -> dict[str, A
     after = conn.execute(
         f"SELECT {rated}, count(DISTINCT user_hash) AS users,"
         " count(DISTINCT messages) AS questions FROM obs.inference_log"
-        " WHERE route = %s AND adapter_id = %s AND created_at >= %s"
+        " WHERE tenant_id = %s AND route = %s AND adapter_id = %s AND created_at >= %s"
         " AND messages = ANY(%s::jsonb[])",
-        (route, adapter, cyc["promoted_at"], held),
+        (tenant, route, adapter, cyc["promoted_at"], held),
     ).fetchone()
     # Held out: neither the question nor the user is in any source row of the snapshot.
     seen = conn.execute(
@@ -85,12 +86,12 @@ def _live(conn: Connection, cyc: dict[str, Any], held: list[str]) -> dict[str, A
         "  FROM train.dataset_example e JOIN obs.inference_log l ON l.id = ANY(e.log_ids)"
         "  WHERE e.snapshot_id = %s),"
         " held AS (SELECT DISTINCT user_hash FROM obs.inference_log"
-        "  WHERE route = %s AND adapter_id = %s AND created_at >= %s"
+        "  WHERE tenant_id = %s AND route = %s AND adapter_id = %s AND created_at >= %s"
         "  AND messages = ANY(%s::jsonb[]))"
         " SELECT (SELECT count(*) FROM src WHERE q = ANY(%s::jsonb[])) AS questions_in_training,"
         "  (SELECT count(*) FROM held WHERE user_hash IN (SELECT user_hash FROM src))"
         "   AS users_in_training",
-        (cyc["snapshot_id"], route, adapter, cyc["promoted_at"], held, held),
+        (cyc["snapshot_id"], tenant, route, adapter, cyc["promoted_at"], held, held),
     ).fetchone()
     assert after is not None and seen is not None
     out["held_out_after_promotion"] = _rate(after) | {
@@ -101,19 +102,23 @@ def _live(conn: Connection, cyc: dict[str, Any], held: list[str]) -> dict[str, A
     return out
 
 
-def collect(db_url: str, *, route: str, held_out_chats: list[str]) -> dict[str, Any]:
+def collect(
+    db_url: str, *, tenant_id: int, route: str, held_out_chats: list[str]
+) -> dict[str, Any]:
     """Everything the report prints, as plain data (JSON-ready but for datetimes).
 
     held_out_chats: the held-out questions' whole chats (JSON), as the users send them."""
     with connect(db_url, autocommit=True) as conn:
         conn.execute("SET default_transaction_read_only = on")
         cyc = conn.execute(
-            "SELECT * FROM loop.cycle WHERE route = %s ORDER BY id DESC LIMIT 1", (route,)
+            "SELECT * FROM loop.cycle WHERE tenant_id = %s AND route = %s ORDER BY id DESC LIMIT 1",
+            (tenant_id, route),
         ).fetchone()
         traffic = conn.execute(
             "SELECT count(*) AS calls, count(feedback_at) AS with_feedback,"
-            " min(feedback_at) AS first_feedback_at FROM obs.inference_log WHERE route = %s",
-            (route,),
+            " min(feedback_at) AS first_feedback_at FROM obs.inference_log"
+            " WHERE tenant_id = %s AND route = %s",
+            (tenant_id, route),
         ).fetchone()
         assert traffic is not None
         out: dict[str, Any] = {"route": route, "traffic": dict(traffic), "cycle": None}
@@ -154,14 +159,17 @@ def collect(db_url: str, *, route: str, held_out_chats: list[str]) -> dict[str, 
             ).fetchone()
             out["eval_base"] = _flatten(summary["base"] if summary else None)
         out["live"] = _live(conn, cyc, held_out_chats)
-        prod = conn.execute("SELECT serve.current_prod(%s) AS id", (route,)).fetchone()
+        prod = conn.execute(
+            "SELECT serve.current_prod(%s, %s) AS id", (tenant_id, route)
+        ).fetchone()
         out["prod_now"] = prod["id"] if prod else None
         if cyc["promoted_at"] is not None:
             # The first call the promoted adapter served as prod (not as the canary's arm B).
             live = conn.execute(
-                "SELECT min(created_at) AS at FROM obs.inference_log WHERE route = %s"
-                " AND adapter_id = %s AND created_at >= %s AND variant IS DISTINCT FROM 'B'",
-                (route, adapter, cyc["promoted_at"]),
+                "SELECT min(created_at) AS at FROM obs.inference_log"
+                " WHERE tenant_id = %s AND route = %s AND adapter_id = %s AND created_at >= %s"
+                " AND variant IS DISTINCT FROM 'B'",
+                (tenant_id, route, adapter, cyc["promoted_at"]),
             ).fetchone()
             out["first_live_call_at"] = live["at"] if live else None
             if live and live["at"] and traffic["first_feedback_at"]:

@@ -21,7 +21,8 @@ def create_suite(body: schemas.SuiteIn, conn: TenantConn, key: TrainerKey) -> sc
 @router.get("/v1/eval-suites")
 def list_suites(conn: TenantConn, key: ReaderKey, route: str | None = None) -> schemas.SuiteList:
     """The tenant's task suites, optionally those that apply to one route."""
-    return schemas.SuiteList.model_validate({"data": evals.list_suites(conn, route=route)})
+    suites = evals.list_suites(conn, tenant_id=key.tenant_id, route=route)
+    return schemas.SuiteList.model_validate({"data": suites})
 
 
 @router.post("/v1/adapters/{adapter_id}/evaluate", status_code=202)

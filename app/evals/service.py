@@ -1,5 +1,5 @@
-"""Task suites, judge calibration and evaluation requests (RLS scopes every query to the
-caller's tenant)."""
+"""Task suites, judge calibration and evaluation requests. A suite's id is unique within its
+tenant, so every query names the tenant (RLS also scopes an API request to the caller's)."""
 
 from __future__ import annotations
 
@@ -32,7 +32,10 @@ def create_suite(
         as_key(conn, key_id)  # the calibration labels' author
     cur = conn.cursor(row_factory=dict_row)
     if suite.get("route") is not None:
-        found = cur.execute("SELECT 1 FROM serve.route WHERE name = %s", (suite["route"],))
+        found = cur.execute(
+            "SELECT 1 FROM serve.route WHERE tenant_id = %s AND name = %s",
+            (tenant_id, suite["route"]),
+        )
         if found.fetchone() is None:
             raise NotFound(f"route {suite['route']!r} not found", code="route_not_found")
     try:
@@ -51,9 +54,10 @@ def create_suite(
             )
             for case in suite["cases"]:
                 cur.execute(
-                    "INSERT INTO train.eval_case (suite_id, messages, check_kind, expected,"
-                    " max_tokens) VALUES (%s, %s, %s, %s, %s)",
+                    "INSERT INTO train.eval_case (tenant_id, suite_id, messages, check_kind,"
+                    " expected, max_tokens) VALUES (%s, %s, %s, %s, %s, %s)",
                     (
+                        tenant_id,
                         suite["id"],
                         Jsonb(case["messages"]),
                         case["check"],
@@ -63,36 +67,68 @@ def create_suite(
                 )
             for case in suite.get("calibration") or []:
                 cur.execute(
-                    "INSERT INTO train.eval_calibration_case (suite_id, messages, answer,"
-                    " human_label) VALUES (%s, %s, %s, %s)",
-                    (suite["id"], Jsonb(case["messages"]), case["answer"], case["label"]),
+                    "INSERT INTO train.eval_calibration_case (tenant_id, suite_id, messages,"
+                    " answer, human_label) VALUES (%s, %s, %s, %s, %s)",
+                    (
+                        tenant_id,
+                        suite["id"],
+                        Jsonb(case["messages"]),
+                        case["answer"],
+                        case["label"],
+                    ),
                 )
     except psycopg.errors.UniqueViolation as exc:
         raise Conflict(f"eval suite {suite['id']!r} exists", code="suite_exists") from exc
     except psycopg.errors.CheckViolation as exc:
         raise BadRequest(f"invalid suite: {exc.diag.message_primary}") from exc
-    return get_suite_or_raise(conn, suite_id=suite["id"])
+    return get_suite_or_raise(conn, tenant_id=tenant_id, suite_id=suite["id"])
 
 
-def get_suite_or_raise(conn: Connection, *, suite_id: str) -> dict[str, Any]:
-    """One suite with its cases, or NotFound."""
+def get_suite_or_raise(conn: Connection, *, tenant_id: int, suite_id: str) -> dict[str, Any]:
+    """One suite of the tenant with its cases, or NotFound."""
     cur = conn.cursor(row_factory=dict_row)
-    row = cur.execute("SELECT * FROM train.eval_suite WHERE id = %s", (suite_id,)).fetchone()
+    key = (tenant_id, suite_id)
+    row = cur.execute(
+        "SELECT * FROM train.eval_suite WHERE tenant_id = %s AND id = %s", key
+    ).fetchone()
     if row is None:
         raise NotFound(f"eval suite {suite_id!r} not found", code="suite_not_found")
     row["cases"] = cur.execute(
-        "SELECT * FROM train.eval_case WHERE suite_id = %s ORDER BY id", (suite_id,)
+        "SELECT * FROM train.eval_case WHERE tenant_id = %s AND suite_id = %s ORDER BY id", key
     ).fetchall()
-    row["calibration"] = calibration_cases(conn, suite_id=suite_id)
+    row["calibration"] = calibration_cases(conn, tenant_id=tenant_id, suite_id=suite_id)
     row["calibrations"] = [
         _finite(c)
         for c in cur.execute(
-            "SELECT * FROM train.judge_calibration WHERE suite_id = %s"
+            "SELECT * FROM train.judge_calibration WHERE tenant_id = %s AND suite_id = %s"
             " ORDER BY calibrated_at DESC, id DESC",
-            (suite_id,),
+            key,
         ).fetchall()
     ]
     return row
+
+
+def suite_tenant(conn: Connection, *, suite_id: str, tenant: str | None = None) -> int:
+    """The tenant of the suite suite_id, for commands that see every tenant: the tenant given
+    (its name or id), else the only one with a suite of that id. NotFound when there is no such
+    suite; BadRequest when several tenants have one and none was given."""
+    cur = conn.cursor(row_factory=dict_row)
+    rows = cur.execute(
+        "SELECT s.tenant_id FROM train.eval_suite s JOIN tenant t ON t.id = s.tenant_id"
+        " WHERE s.id = %(id)s"
+        "   AND (%(tenant)s::text IS NULL OR t.name = %(tenant)s OR t.id::text = %(tenant)s)"
+        " ORDER BY s.tenant_id",
+        {"id": suite_id, "tenant": tenant},
+    ).fetchall()
+    if not rows:
+        whose = f" for tenant {tenant!r}" if tenant else ""
+        raise NotFound(f"eval suite {suite_id!r} not found{whose}", code="suite_not_found")
+    if len(rows) > 1:
+        raise BadRequest(
+            f"{len(rows)} tenants have an eval suite {suite_id!r}: name one with --tenant",
+            code="tenant_required",
+        )
+    return int(rows[0]["tenant_id"])
 
 
 _RATES = ("threshold", "accuracy", "kappa", "bias", "judge_positive_rate", "human_positive_rate")
@@ -107,25 +143,26 @@ def _finite(row: dict[str, Any]) -> dict[str, Any]:
     return out
 
 
-def calibration_cases(conn: Connection, *, suite_id: str) -> list[dict[str, Any]]:
-    """A suite's human-labelled calibration set, oldest first."""
+def calibration_cases(conn: Connection, *, tenant_id: int, suite_id: str) -> list[dict[str, Any]]:
+    """A tenant's suite's human-labelled calibration set, oldest first."""
     cur = conn.cursor(row_factory=dict_row)
     return cur.execute(
         "SELECT id, messages, answer, human_label, author FROM train.eval_calibration_case"
-        " WHERE suite_id = %s ORDER BY id",
-        (suite_id,),
+        " WHERE tenant_id = %s AND suite_id = %s ORDER BY id",
+        (tenant_id, suite_id),
     ).fetchall()
 
 
 def get_calibration(
-    conn: Connection, *, suite_id: str, judge_model: str, rubric_version: str
+    conn: Connection, *, tenant_id: int, suite_id: str, judge_model: str, rubric_version: str
 ) -> dict[str, Any] | None:
-    """The latest calibration of one judge and rubric on a suite, or None."""
+    """The latest calibration of one judge and rubric on a tenant's suite, or None."""
     cur = conn.cursor(row_factory=dict_row)
     row = cur.execute(
-        "SELECT * FROM train.judge_calibration WHERE suite_id = %s AND judge_model = %s"
-        " AND rubric_version = %s ORDER BY calibrated_at DESC, id DESC LIMIT 1",
-        (suite_id, judge_model, rubric_version),
+        "SELECT * FROM train.judge_calibration WHERE tenant_id = %s AND suite_id = %s"
+        " AND judge_model = %s AND rubric_version = %s"
+        " ORDER BY calibrated_at DESC, id DESC LIMIT 1",
+        (tenant_id, suite_id, judge_model, rubric_version),
     ).fetchone()
     return _finite(row) if row else None
 
@@ -133,6 +170,7 @@ def get_calibration(
 def record_calibration(
     conn: Connection,
     *,
+    tenant_id: int,
     suite_id: str,
     judge_model: str,
     rubric_version: str,
@@ -146,22 +184,24 @@ def record_calibration(
     """
     cur = conn.cursor(row_factory=dict_row)
     row = cur.execute(
-        "SELECT * FROM train.record_judge_calibration(%s, %s, %s, %s, %s::numeric)",
-        (suite_id, judge_model, rubric_version, Jsonb(verdicts), threshold),
+        "SELECT * FROM train.record_judge_calibration(%s, %s, %s, %s, %s, %s::numeric)",
+        (tenant_id, suite_id, judge_model, rubric_version, Jsonb(verdicts), threshold),
     ).fetchone()
     assert row is not None
     return _finite(row)
 
 
-def list_suites(conn: Connection, *, route: str | None = None) -> list[dict[str, Any]]:
+def list_suites(
+    conn: Connection, *, tenant_id: int, route: str | None = None
+) -> list[dict[str, Any]]:
     """The tenant's suites (of one route: its own and the tenant-wide ones), with cases."""
     cur = conn.cursor(row_factory=dict_row)
     ids = cur.execute(
-        "SELECT id FROM train.eval_suite WHERE %s::text IS NULL OR route IS NULL OR route = %s"
-        " ORDER BY id",
-        (route, route),
+        "SELECT id FROM train.eval_suite WHERE tenant_id = %(t)s"
+        " AND (%(r)s::text IS NULL OR route IS NULL OR route = %(r)s) ORDER BY id",
+        {"t": tenant_id, "r": route},
     ).fetchall()
-    return [get_suite_or_raise(conn, suite_id=r["id"]) for r in ids]
+    return [get_suite_or_raise(conn, tenant_id=tenant_id, suite_id=r["id"]) for r in ids]
 
 
 def request_evaluation(

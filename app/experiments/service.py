@@ -154,16 +154,19 @@ def metrics(
     }
 
 
-def run_policy(conn: Connection, *, route: str) -> list[dict[str, Any]]:
-    """Apply the route's experiment policy now (serve.experiment_autopolicy); its decisions."""
-    rows = conn.execute("SELECT * FROM serve.experiment_autopolicy(%s)", (route,)).fetchall()
+def run_policy(conn: Connection, *, tenant_id: int, route: str) -> list[dict[str, Any]]:
+    """Apply the tenant's route's experiment policy now (serve.experiment_autopolicy); its
+    decisions."""
+    rows = conn.execute(
+        "SELECT * FROM serve.experiment_autopolicy(%s, %s)", (tenant_id, route)
+    ).fetchall()
     return list(rows)
 
 
-def policy_routes(conn: Connection) -> list[str]:
-    """Routes whose experiment policy is enabled."""
-    rows = conn.execute("SELECT r AS route FROM serve.experiment_policy_routes() r").fetchall()
-    return [str(r["route"]) for r in rows]
+def policy_routes(conn: Connection) -> list[tuple[int, str]]:
+    """Routes (tenant id, name) whose experiment policy is enabled."""
+    rows = conn.execute("SELECT tenant_id, route FROM serve.experiment_policy_routes()").fetchall()
+    return [(int(r["tenant_id"]), str(r["route"])) for r in rows]
 
 
 def decisions(conn: Connection, *, limit: int = 50) -> list[dict[str, Any]]:

@@ -69,10 +69,10 @@ async def proxy(request: Request, key: ApiKey, kind: str) -> Response:
 
 async def _route_state(runtime: RouterRuntime, route_name: str, key: ApiKey) -> RouteState:
     """The route's serving state (cached; read when stale), 404 unless it is the tenant's."""
-    fresh, state = runtime.table.lookup(route_name)
+    fresh, state = runtime.table.lookup(key.tenant_id, route_name)
     if not fresh:
         try:
-            state = await asyncio.to_thread(runtime.table.get, route_name)
+            state = await asyncio.to_thread(runtime.table.get, key.tenant_id, route_name)
         except psycopg.Error as exc:
             raise DatabaseUnavailable("the route table is unavailable") from exc
     if state is None or state.tenant_id != key.tenant_id:

@@ -8,6 +8,8 @@ route and a reload thread reads it over one kept connection, and a call that mis
 that read. Every lookup first takes in what is already on the listener's sockets, so once a
 NOTIFY has reached the router no new call gets the state before it. The TTL only covers a
 lost NOTIFY. Where the milliseconds went: BENCHMARKS.md, "Promotion COMMIT → routed (item 5b)".
+
+Routes are cached by (tenant id, name): a route's name is unique within its tenant only.
 """
 
 from __future__ import annotations
@@ -49,6 +51,9 @@ LISTENER_NAME = "cft-router-listen"
 _SEEN = 1024
 _HITS = ROUTE_CACHE.labels("hit")
 
+# A route's key: its tenant's id and its name.
+RouteKey = tuple[int, str]
+
 
 def state_from_json(doc: dict[str, Any]) -> RouteState:
     """A RouteState from serve.route_state's JSON."""
@@ -66,18 +71,19 @@ def state_from_json(doc: dict[str, Any]) -> RouteState:
     )
 
 
-def load_route(conn: Connection, name: str) -> RouteState | None:
-    """Read one route's serving state (as the owner: routing spans tenants)."""
+def load_route(conn: Connection, tenant_id: int, name: str) -> RouteState | None:
+    """Read one route of a tenant's serving state (as the owner: routing spans tenants)."""
     with conn.cursor(row_factory=tuple_row) as cur:
-        row = cur.execute("SELECT serve.route_state(%s)", (name,)).fetchone()
+        row = cur.execute("SELECT serve.route_state(%s, %s)", (tenant_id, name)).fetchone()
     return None if row is None or row[0] is None else state_from_json(row[0])
 
 
 @dataclass(frozen=True)
 class Change:
-    """One NOTIFY cft_route: the route, and (when complete) its state as of snapshot."""
+    """One NOTIFY cft_route: the route (None: unknown), and (when complete) its state as of
+    snapshot."""
 
-    route: str
+    route: RouteKey | None
     xid: int | None = None
     snapshot: str | None = None
     state: RouteState | None = None
@@ -85,12 +91,13 @@ class Change:
 
     @classmethod
     def parse(cls, payload: str) -> Change:
-        """The payload of serve.notify_route_state; anything else names a route to read."""
+        """The payload of serve.notify_route_state; one that names no tenant and route says
+        only that some route changed."""
         try:
             doc = json.loads(payload)
-            route = doc["route"]
+            route = (int(doc["tenant_id"]), str(doc["route"]))
         except (ValueError, TypeError, KeyError):
-            return cls(payload)
+            return cls(None)
         if "state" not in doc:
             return cls(route)  # too large for a NOTIFY: read it
         state = None if doc["state"] is None else state_from_json(doc["state"])
@@ -114,7 +121,7 @@ class RouteTable:
     def __init__(self, url: str, *, ttl: float = 5.0):
         self.url = url
         self.ttl = ttl
-        self._cache: dict[str, tuple[float, RouteState | None]] = {}
+        self._cache: dict[RouteKey, tuple[float, RouteState | None]] = {}
         self._lock = threading.Lock()
         self._generation = 0
         self._stop = threading.Event()
@@ -126,30 +133,31 @@ class RouteTable:
         self._fds: tuple[int, ...] = ()
         self._notify_lock = threading.Lock()
         # Per route, the transaction of its last NOTIFY (absent: unknown, read the route).
-        self._last_xid: dict[str, int] = {}
+        self._last_xid: dict[RouteKey, int] = {}
         # The payloads with a state taken in lately, oldest first (to drop the second copy).
         self._seen: dict[str, None] = {}
         self._wake: tuple[int, int] | None = None  # a pipe that wakes the listener to stop
-        self._refreshing: set[str] = set()
-        self._retry_at: dict[str, float] = {}
+        self._refreshing: set[RouteKey] = set()
+        self._retry_at: dict[RouteKey, float] = {}
         # The kept connection for route reads (not the LISTEN one), one read at a time.
         self._reader: Connection | None = None
         self._reader_lock = threading.Lock()
         # Routes a NOTIFY dropped, re-read by a thread of their own (the listener never
         # waits for a read: the next NOTIFY is handled at once). None stops that thread.
-        self._reloads: queue.SimpleQueue[str | None] = queue.SimpleQueue()
+        self._reloads: queue.SimpleQueue[RouteKey | None] = queue.SimpleQueue()
         self._reloader: threading.Thread | None = None
 
-    def peek(self, name: str) -> tuple[bool, RouteState | None]:
-        """(True, state) when the route is cached and fresh; never touches the database."""
+    def peek(self, tenant_id: int, name: str) -> tuple[bool, RouteState | None]:
+        """(True, state) when the tenant's route is cached and fresh; never touches the
+        database."""
         self._catch_up()
-        hit = self._cache.get(name)  # a dict read is atomic: no lock on the hot path
+        hit = self._cache.get((tenant_id, name))  # a dict read is atomic: no lock on the hot path
         if hit is not None and time.monotonic() - hit[0] < self.ttl:
             _HITS.inc()
             return True, hit[1]
         return False, None
 
-    def lookup(self, name: str) -> tuple[bool, RouteState | None]:
+    def lookup(self, tenant_id: int, name: str) -> tuple[bool, RouteState | None]:
         """Like peek, but a route cached longer than ttl is still served while one background
         read refreshes it (stale-while-revalidate); never touches the database.
 
@@ -159,62 +167,63 @@ class RouteTable:
         reads it), so a promotion, canary change or rollback still reaches the next call.
         """
         self._catch_up()
-        hit = self._cache.get(name)
+        key = (tenant_id, name)
+        hit = self._cache.get(key)
         if hit is None:
             return False, None
         if time.monotonic() - hit[0] >= self.ttl:
-            self._refresh_soon(name)
+            self._refresh_soon(key)
         _HITS.inc()
         return True, hit[1]
 
-    def _refresh_soon(self, name: str) -> None:
+    def _refresh_soon(self, key: RouteKey) -> None:
         with self._lock:
-            if name in self._refreshing or time.monotonic() < self._retry_at.get(name, 0.0):
+            if key in self._refreshing or time.monotonic() < self._retry_at.get(key, 0.0):
                 return
-            self._refreshing.add(name)
+            self._refreshing.add(key)
         threading.Thread(
-            target=self._refresh, args=(name,), name="cft-route-refresh", daemon=True
+            target=self._refresh, args=(key,), name="cft-route-refresh", daemon=True
         ).start()
 
-    def _refresh(self, name: str) -> None:
+    def _refresh(self, key: RouteKey) -> None:
         ROUTE_CACHE.labels("miss").inc()
         generation = self._generation
         retry_at = 0.0
         try:
-            self._store(name, generation, self._read(name))
+            self._store(key, generation, self._read(key))
         except psycopg.Error as exc:
             # The database is down: keep serving what we knew, and try again in a second
             # (not on every call).
-            log.warning("route %s: refresh failed (%s); serving the cached state", name, exc)
+            log.warning("route %s: refresh failed (%s); serving the cached state", key, exc)
             retry_at = time.monotonic() + 1.0
         finally:
             with self._lock:
-                self._refreshing.discard(name)
-                self._retry_at[name] = retry_at
+                self._refreshing.discard(key)
+                self._retry_at[key] = retry_at
 
-    def get(self, name: str) -> RouteState | None:
-        """The route's state, from cache when fresh."""
-        fresh, cached = self.peek(name)
+    def get(self, tenant_id: int, name: str) -> RouteState | None:
+        """The tenant's route's state, from cache when fresh."""
+        fresh, cached = self.peek(tenant_id, name)
         if fresh:
             return cached
-        return self._load(name)
+        return self._load((tenant_id, name))
 
-    def _load(self, name: str) -> RouteState | None:
+    def _load(self, key: RouteKey) -> RouteState | None:
         ROUTE_CACHE.labels("miss").inc()
         generation = self._generation
         try:
-            state = self._read(name, cached_ok=True)
+            state = self._read(key, cached_ok=True)
         except DB_UNAVAILABLE:
             # PostgreSQL is down: keep serving what we knew (it cannot change meanwhile).
-            stale = self._cache.get(name)
+            stale = self._cache.get(key)
             if stale is None:
                 raise
-            log.warning("route %s: database unavailable, serving the cached state", name)
+            log.warning("route %s: database unavailable, serving the cached state", key)
             return stale[1]
-        self._store(name, generation, state)
+        self._store(key, generation, state)
         return state
 
-    def _read(self, name: str, *, cached_ok: bool = False) -> RouteState | None:
+    def _read(self, key: RouteKey, *, cached_ok: bool = False) -> RouteState | None:
         """load_route over the kept reader connection; one new connection and one retry when
         the kept one is broken (PostgreSQL restarted, the backend was terminated).
 
@@ -222,7 +231,7 @@ class RouteTable:
         listener's re-read after a NOTIFY), that state, without a second read."""
         with self._reader_lock:
             if cached_ok:
-                fresh, state = self.peek(name)
+                fresh, state = self.peek(*key)
                 if fresh:
                     return state
             for attempt in (1, 2):
@@ -230,7 +239,7 @@ class RouteTable:
                 if self._reader is None or self._reader.closed:
                     self._reader = self._connection(READER_NAME)
                 try:
-                    return load_route(self._reader, name)
+                    return load_route(self._reader, *key)
                 except psycopg.Error:
                     self._close_reader()
                     if attempt == 2 or not kept:
@@ -246,18 +255,18 @@ class RouteTable:
                 log.debug("closing the route reader connection failed", exc_info=True)
 
     def _reload_forever(self) -> None:
-        while (name := self._reloads.get()) is not None:
-            self.reload(name)
+        while (key := self._reloads.get()) is not None:
+            self.reload(key)
 
-    def reload(self, name: str) -> None:
-        """Read a route again now and cache it (after a NOTIFY dropped it); on failure it
-        stays uncached and the next call reads it."""
+    def reload(self, key: RouteKey) -> None:
+        """Read a route (tenant id, name) again now and cache it (after a NOTIFY dropped it);
+        on failure it stays uncached and the next call reads it."""
         generation = self._generation
         ROUTE_CACHE.labels("miss").inc()
         try:
-            self._store(name, generation, self._read(name))
+            self._store(key, generation, self._read(key))
         except psycopg.Error as exc:
-            log.warning("route %s: re-read after NOTIFY failed (%s)", name, exc)
+            log.warning("route %s: re-read after NOTIFY failed (%s)", key, exc)
 
     def _catch_up(self) -> None:
         """Take in the notifications already on the listener's socket (or being taken in):
@@ -291,39 +300,43 @@ class RouteTable:
             # the first copy of each keeps that order.
             return
         change = Change.parse(payload)
-        name = change.route
+        key = change.route
+        if key is None:
+            # Not a payload of serve.notify_route_state: which route changed is unknown.
+            self.invalidate()
+            return
         if change.complete:
             # Unique per transaction and snapshot (a bare route name is not: never dropped).
             self._seen[payload] = None
             if len(self._seen) > _SEEN:
                 del self._seen[next(iter(self._seen))]
-        previous = self._last_xid.pop(name, None)
+        previous = self._last_xid.pop(key, None)
         if change.xid is not None:
-            self._last_xid[name] = change.xid
+            self._last_xid[key] = change.xid
         if change.complete and previous is not None and change.sees(previous):
             with self._lock:
                 self._generation += 1
-                self._cache[name] = (time.monotonic(), change.state)
+                self._cache[key] = (time.monotonic(), change.state)
         else:
             # The first NOTIFY of this route since LISTEN (what came before is unknown), an
             # older snapshot than the previous change, or no state in it: read the route.
-            self.invalidate(name)
-            self._reloads.put(name)
+            self.invalidate(key)
+            self._reloads.put(key)
 
-    def _store(self, name: str, generation: int, state: RouteState | None) -> None:
+    def _store(self, key: RouteKey, generation: int, state: RouteState | None) -> None:
         with self._lock:
             # A NOTIFY that arrived during the read may describe a newer state: don't cache.
             if generation == self._generation:
-                self._cache[name] = (time.monotonic(), state)
+                self._cache[key] = (time.monotonic(), state)
 
-    def invalidate(self, name: str | None = None) -> None:
-        """Forget one route (or all)."""
+    def invalidate(self, key: RouteKey | None = None) -> None:
+        """Forget one route, (tenant id, name), or all."""
         with self._lock:
             self._generation += 1
-            if name is None:
+            if key is None:
                 self._cache.clear()
             else:
-                self._cache.pop(name, None)
+                self._cache.pop(key, None)
 
     def _connection(self, name: str) -> Connection:
         return psycopg.connect(

@@ -7,9 +7,12 @@ import json
 import sys
 from typing import Any
 
-from app.core.db import connect, database_url
+from app.core.db import Connection, connect, database_url
 from app.core.errors import CftError
 from app.loop import service as loop
+from app.routes import service as routes
+
+TENANT_HELP = "the route's tenant (name or id); needed when several tenants have the route"
 
 
 def register(subparsers: Any) -> None:
@@ -18,6 +21,7 @@ def register(subparsers: Any) -> None:
     sub = p.add_subparsers(dest="loop_action", required=True)
     e = sub.add_parser("enable", help="turn a route's loop on (other fields keep their values)")
     e.add_argument("route")
+    e.add_argument("--tenant", help=TENANT_HELP)
     e.add_argument(
         "--set", action="append", default=[], metavar="FIELD=VALUE",
         help="also set a policy field (VALUE as JSON, else text), e.g. --set min_new_examples=20",
@@ -25,10 +29,12 @@ def register(subparsers: Any) -> None:
     e.set_defaults(func=_enable)
     s = sub.add_parser("pause", help="hold new cycles of a route (in-flight cycles finish)")
     s.add_argument("route")
+    s.add_argument("--tenant", help=TENANT_HELP)
     s.add_argument("--reason", default="paused from the CLI")
     s.set_defaults(func=_pause)
     s = sub.add_parser("status", help="a route's policy, triggers, limits and cycles")
     s.add_argument("route")
+    s.add_argument("--tenant", help=TENANT_HELP)
     s.add_argument("--json", action="store_true")
     s.set_defaults(func=_status)
     s = sub.add_parser("stop-all", help="the kill switch: no loop cycle starts anywhere")
@@ -45,10 +51,21 @@ def _value(text: str) -> Any:
         return text
 
 
-def _write(route: str, fields: dict[str, Any]) -> int:
+def _tenant(conn: Connection, args: argparse.Namespace) -> int:
+    return routes.route_tenant(conn, name=args.route, tenant=args.tenant)
+
+
+def _write(args: argparse.Namespace, fields: dict[str, Any]) -> int:
     try:
         with connect(database_url()) as conn, conn.transaction():
-            loop.write_policy(conn, route=route, fields=fields, replace=False, actor="cli")
+            loop.write_policy(
+                conn,
+                tenant_id=_tenant(conn, args),
+                route=args.route,
+                fields=fields,
+                replace=False,
+                actor="cli",
+            )
     except CftError as exc:
         print(f"refused: {exc.message}", file=sys.stderr)
         return 1
@@ -63,14 +80,14 @@ def _enable(args: argparse.Namespace) -> int:
             print(f"--set needs FIELD=VALUE, got {item!r}", file=sys.stderr)
             return 2
         fields[name] = _value(value)
-    rc = _write(args.route, fields)
+    rc = _write(args, fields)
     if rc == 0:
         print(f"loop of {args.route} enabled")
     return rc
 
 
 def _pause(args: argparse.Namespace) -> int:
-    rc = _write(args.route, {"paused": True, "paused_reason": args.reason})
+    rc = _write(args, {"paused": True, "paused_reason": args.reason})
     if rc == 0:
         print(f"loop of {args.route} paused: {args.reason}")
     return rc
@@ -79,7 +96,7 @@ def _pause(args: argparse.Namespace) -> int:
 def _status(args: argparse.Namespace) -> int:
     try:
         with connect(database_url()) as conn:
-            st = loop.status(conn, route=args.route)
+            st = loop.status(conn, tenant_id=_tenant(conn, args), route=args.route)
     except CftError as exc:
         print(exc.message, file=sys.stderr)
         return 1

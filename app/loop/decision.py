@@ -43,7 +43,7 @@ class WatchVerdict:
 
 def _cycle(conn: Connection, cycle_id: int) -> dict[str, Any]:
     row = conn.execute(
-        "SELECT route, adapter_id, coalesce(watch_until <= now(), false) AS watch_over"
+        "SELECT tenant_id, route, adapter_id, coalesce(watch_until <= now(), false) AS watch_over"
         " FROM loop.cycle WHERE id = %s",
         (cycle_id,),
     ).fetchone()
@@ -55,9 +55,9 @@ def decide_canary(conn: Connection, *, cycle_id: int) -> CanaryDecision:
     """The decision on a cycle's canary now."""
     c = _cycle(conn, cycle_id)
     valid = conn.execute(
-        "SELECT * FROM serve.canary_decision(%(r)s, loop.decision_policy(%(r)s))"
+        "SELECT * FROM serve.canary_decision(%(t)s, %(r)s, loop.decision_policy(%(t)s, %(r)s))"
         " WHERE canary_id = %(a)s",
-        {"r": c["route"], "a": c["adapter_id"]},
+        {"t": c["tenant_id"], "r": c["route"], "a": c["adapter_id"]},
     ).fetchone()
     budget = conn.execute("SELECT * FROM loop.canary_verdict(%s)", (cycle_id,)).fetchone()
     assert budget is not None
@@ -88,8 +88,9 @@ def watch(conn: Connection, *, cycle_id: int) -> WatchVerdict:
     """The guards of a newly promoted adapter now."""
     c = _cycle(conn, cycle_id)
     w = conn.execute(
-        "SELECT * FROM serve.watch_decision(%(r)s, NULL, loop.decision_policy(%(r)s))",
-        {"r": c["route"]},
+        "SELECT * FROM serve.watch_decision(%(t)s, %(r)s, NULL,"
+        " loop.decision_policy(%(t)s, %(r)s))",
+        {"t": c["tenant_id"], "r": c["route"]},
     ).fetchone()
     if w is not None and w["code"] != "no_previous_prod" and w["adapter_id"] == c["adapter_id"]:
         code = str(w["code"])

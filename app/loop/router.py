@@ -25,19 +25,20 @@ def put_loop(name: str, body: LoopPolicyIn, conn: TenantConn, key: PolicyKey) ->
     trainer key keeps the fields that decide promotions, and may only make them stricter)."""
     loop.write_policy(
         conn,
+        tenant_id=key.tenant_id,
         route=name,
         fields=body.model_dump(exclude_unset=True),
         replace=True,
         actor=f"key {key.prefix}",
         role=key.role,
     )
-    return LoopStatusOut(**loop.status(conn, route=name))
+    return LoopStatusOut(**loop.status(conn, tenant_id=key.tenant_id, route=name))
 
 
 @router.get("/v1/routes/{name}/loop")
 def get_loop(name: str, conn: TenantConn, key: ReaderKey) -> LoopStatusOut:
     """The route's loop: policy, the live value of every trigger and limit, cycles."""
-    return LoopStatusOut(**loop.status(conn, route=name))
+    return LoopStatusOut(**loop.status(conn, tenant_id=key.tenant_id, route=name))
 
 
 @router.get("/v1/loop/cycles/{cycle_id}")

@@ -59,29 +59,30 @@ def jsonable(value: Any) -> Any:
     return value
 
 
-def _route_tenant(conn: Connection, route: str) -> int:
+def _check_route(conn: Connection, tenant_id: int, route: str) -> None:
+    """NotFound unless the tenant has the route (and the connection may ask about it)."""
     try:
         with conn.transaction():
-            row = conn.execute("SELECT loop.route_tenant(%s) AS t", (route,)).fetchone()
+            conn.execute("SELECT loop.check_route(%s, %s)", (tenant_id, route))
     except psycopg.errors.NoDataFound as exc:
         raise NotFound(f"route {route!r} not found", code="route_not_found") from exc
-    assert row is not None
-    return int(row["t"])
 
 
-def get_policy(conn: Connection, *, route: str) -> dict[str, Any]:
-    """The route's effective policy (its row, or the defaults)."""
-    _route_tenant(conn, route)
-    row = conn.execute("SELECT * FROM loop.effective_policy(%s)", (route,)).fetchone()
+def get_policy(conn: Connection, *, tenant_id: int, route: str) -> dict[str, Any]:
+    """The tenant's route's effective policy (its row, or the defaults)."""
+    _check_route(conn, tenant_id, route)
+    row = conn.execute("SELECT * FROM loop.effective_policy(%s, %s)", (tenant_id, route)).fetchone()
     assert row is not None
     return jsonable(dict(row))  # type: ignore[no-any-return]
 
 
-def _check_decider(conn: Connection, route: str, fields: dict[str, Any], role: str) -> None:
+def _check_decider(
+    conn: Connection, tenant_id: int, route: str, fields: dict[str, Any], role: str
+) -> None:
     """403 when a key that does not decide promotions loosens how they are decided."""
     if role in DECIDERS:
         return
-    now = conn.execute("SELECT * FROM loop.effective_policy(%s)", (route,)).fetchone()
+    now = conn.execute("SELECT * FROM loop.effective_policy(%s, %s)", (tenant_id, route)).fetchone()
     assert now is not None
     for name, stricter in DECISION_FIELDS.items():
         if name not in fields or fields[name] is None:
@@ -106,6 +107,7 @@ def _check_decider(conn: Connection, route: str, fields: dict[str, Any], role: s
 def write_policy(
     conn: Connection,
     *,
+    tenant_id: int,
     route: str,
     fields: dict[str, Any],
     replace: bool,
@@ -117,8 +119,8 @@ def write_policy(
     unknown = set(fields) - set(POLICY_FIELDS)
     if unknown:
         raise Unprocessable(f"unknown loop policy field(s): {', '.join(sorted(unknown))}")
-    tenant_id = _route_tenant(conn, route)
-    _check_decider(conn, route, fields, role)
+    _check_route(conn, tenant_id, route)
+    _check_decider(conn, tenant_id, route, fields, role)
     values = {k: Jsonb(v) if k == "hyperparameters" else v for k, v in fields.items()}
     cols = list(values)
     keep = () if role in DECIDERS else tuple(DECISION_FIELDS)
@@ -130,7 +132,8 @@ def write_policy(
     updates += [sql.SQL("{0} = DEFAULT").format(sql.Identifier(c)) for c in reset]
     updates.append(sql.SQL("updated_by = EXCLUDED.updated_by"))
     query = sql.SQL(
-        "INSERT INTO loop.policy ({cols}) VALUES ({vals}) ON CONFLICT (route) DO UPDATE SET {upd}"
+        "INSERT INTO loop.policy ({cols}) VALUES ({vals}) ON CONFLICT (tenant_id, route)"
+        " DO UPDATE SET {upd}"
     ).format(
         cols=sql.SQL(", ").join(insert_cols),
         vals=sql.SQL(", ").join(sql.Placeholder() for _ in insert_cols),
@@ -144,18 +147,18 @@ def write_policy(
         raise Unprocessable(f"loop policy refused: {message}", code="invalid_policy") from exc
     except psycopg.errors.DataError as exc:
         raise Unprocessable(f"loop policy refused: {exc.diag.message_primary}") from exc
-    return get_policy(conn, route=route)
+    return get_policy(conn, tenant_id=tenant_id, route=route)
 
 
-def triggers(conn: Connection, *, route: str) -> list[dict[str, Any]]:
-    """The live value of every trigger of the route."""
-    rows = conn.execute("SELECT * FROM loop.triggers(%s)", (route,)).fetchall()
+def triggers(conn: Connection, *, tenant_id: int, route: str) -> list[dict[str, Any]]:
+    """The live value of every trigger of the tenant's route."""
+    rows = conn.execute("SELECT * FROM loop.triggers(%s, %s)", (tenant_id, route)).fetchall()
     return [jsonable(dict(r)) for r in rows]
 
 
-def limits(conn: Connection, *, route: str) -> list[dict[str, Any]]:
-    """Every limit of the route now (blocking = it holds a new cycle back)."""
-    rows = conn.execute("SELECT * FROM loop.limits(%s)", (route,)).fetchall()
+def limits(conn: Connection, *, tenant_id: int, route: str) -> list[dict[str, Any]]:
+    """Every limit of the tenant's route now (blocking = it holds a new cycle back)."""
+    rows = conn.execute("SELECT * FROM loop.limits(%s, %s)", (tenant_id, route)).fetchall()
     return [jsonable(dict(r)) for r in rows]
 
 
@@ -180,11 +183,14 @@ def set_control(
     return get_control(conn)
 
 
-def list_cycles(conn: Connection, *, route: str, limit: int = 20) -> list[dict[str, Any]]:
-    """The route's cycles, newest first."""
+def list_cycles(
+    conn: Connection, *, tenant_id: int, route: str, limit: int = 20
+) -> list[dict[str, Any]]:
+    """The tenant's route's cycles, newest first."""
     rows = conn.execute(
-        f"SELECT {CYCLE_LIST_COLUMNS} FROM loop.cycle WHERE route = %s ORDER BY id DESC LIMIT %s",
-        (route, limit),
+        f"SELECT {CYCLE_LIST_COLUMNS} FROM loop.cycle WHERE tenant_id = %s AND route = %s"
+        " ORDER BY id DESC LIMIT %s",
+        (tenant_id, route, limit),
     ).fetchall()
     return [jsonable(dict(r)) for r in rows]
 
@@ -210,17 +216,18 @@ def get_cycle_or_raise(conn: Connection, *, cycle_id: int) -> dict[str, Any]:
     return row
 
 
-def status(conn: Connection, *, route: str) -> dict[str, Any]:
-    """Everything about a route's loop: policy, triggers, limits, current cycle, history."""
-    policy = get_policy(conn, route=route)
-    cycles = list_cycles(conn, route=route)
+def status(conn: Connection, *, tenant_id: int, route: str) -> dict[str, Any]:
+    """Everything about a tenant's route's loop: policy, triggers, limits, current cycle,
+    history."""
+    policy = get_policy(conn, tenant_id=tenant_id, route=route)
+    cycles = list_cycles(conn, tenant_id=tenant_id, route=route)
     current = next((c for c in cycles if c["state"] not in TERMINAL), None)
     return {
         "route": route,
         "policy": policy,
         "control": jsonable(get_control(conn)),
-        "triggers": triggers(conn, route=route),
-        "limits": limits(conn, route=route),
+        "triggers": triggers(conn, tenant_id=tenant_id, route=route),
+        "limits": limits(conn, tenant_id=tenant_id, route=route),
         "current_cycle": current,
         "cycles": cycles,
     }

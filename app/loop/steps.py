@@ -47,10 +47,11 @@ def _actor(c: dict[str, Any]) -> str:
     return f"loop cycle {c['id']}"
 
 
-def _counts(conn: Connection, route: str, since: datetime | None) -> SignalCounts:
+def _counts(conn: Connection, c: dict[str, Any], since: datetime | None) -> SignalCounts:
     row = conn.execute(
-        "SELECT edits, thumbs_up, thumbs_down, regen_pairs, pairs FROM loop.signal_counts(%s, %s)",
-        (route, since),
+        "SELECT edits, thumbs_up, thumbs_down, regen_pairs, pairs"
+        " FROM loop.signal_counts(%s, %s, %s)",
+        (c["tenant_id"], c["route"], since),
     ).fetchone()
     assert row is not None
     return SignalCounts(**{k: int(v) for k, v in row.items()})
@@ -72,13 +73,14 @@ def step_triggered(conn: Connection, c: dict[str, Any]) -> Outcome:
     p = c["policy"]
     datasets.refresh_candidates(conn)
     prev = conn.execute(
-        "SELECT max(created_at) AS at FROM loop.cycle WHERE route = %s AND id < %s",
-        (c["route"], c["id"]),
+        "SELECT max(created_at) AS at FROM loop.cycle"
+        " WHERE tenant_id = %s AND route = %s AND id < %s",
+        (c["tenant_id"], c["route"], c["id"]),
     ).fetchone()
-    new = _counts(conn, c["route"], prev["at"] if prev else None)
-    total = _counts(conn, c["route"], None)
+    new = _counts(conn, c, prev["at"] if prev else None)
+    total = _counts(conn, c, None)
     counts = {"new": new.as_dict(), "total": total.as_dict()}
-    prod_id = adapters.current_prod(conn, route=c["route"])
+    prod_id = adapters.current_prod(conn, tenant_id=c["tenant_id"], route=c["route"])
     prod = adapters.get_adapter(conn, adapter_id=prod_id) if prod_id else None
     try:
         method, why = choose_method(
@@ -271,7 +273,7 @@ def step_evaluating(conn: Connection, c: dict[str, Any]) -> Outcome:
             )  # fmt: skip
         state = req["status"] if req else "not claimed yet"
         return Outcome(None, note=f"waiting for the evaluator ({state})", delay_s=POLL_S)
-    current = adapters.current_prod(conn, route=c["route"])
+    current = adapters.current_prod(conn, tenant_id=c["tenant_id"], route=c["route"])
     scores = adapters.counted_scores(conn, adapter_id=c["adapter_id"])
     found = adapters.blockers(conn, candidate=c["adapter_id"], current=current)
     unscored = offline.unscored(conn, c["adapter_id"], found)
@@ -341,9 +343,10 @@ def step_canary(conn: Connection, c: dict[str, Any]) -> Outcome:
         return _promote(conn, c, {"decision_code": "forget", "decision_reason": why}, why)
     row = conn.execute(
         "SELECT r.max_canary_pct - coalesce((SELECT sum(a.traffic_pct) FROM serve.adapter a"
-        " WHERE a.route = r.name AND a.status = 'canary' AND a.id <> %s), 0) AS room"
-        " FROM serve.route r WHERE r.name = %s",
-        (c["adapter_id"], c["route"]),
+        " WHERE a.tenant_id = r.tenant_id AND a.route = r.name AND a.status = 'canary'"
+        " AND a.id <> %s), 0) AS room"
+        " FROM serve.route r WHERE r.tenant_id = %s AND r.name = %s",
+        (c["adapter_id"], c["tenant_id"], c["route"]),
     ).fetchone()
     assert row is not None
     pct = min(float(c["policy"]["canary_pct"]), float(row["room"]))
@@ -389,7 +392,7 @@ def step_deciding(conn: Connection, c: dict[str, Any]) -> Outcome:
 
 def step_watching(conn: Connection, c: dict[str, Any]) -> Outcome:
     """Watch the new prod's guards; roll back on a significant regression."""
-    if adapters.current_prod(conn, route=c["route"]) != c["adapter_id"]:
+    if adapters.current_prod(conn, tenant_id=c["tenant_id"], route=c["route"]) != c["adapter_id"]:
         return Outcome("promoted", note="no longer prod (changed outside the loop): watch ended")
     w = decision.watch(conn, cycle_id=c["id"])
     if w.regressed:
@@ -426,7 +429,9 @@ STEPS: dict[str, Callable[[Connection, dict[str, Any]], Outcome]] = {
 def run_step(conn: Connection, c: dict[str, Any]) -> Outcome:
     """The step of a claimed cycle's state, under the route's policy now (intervals in seconds;
     the row keeps the policy it started under)."""
-    policy = conn.execute("SELECT * FROM loop.effective_policy(%s)", (c["route"],)).fetchone()
+    policy = conn.execute(
+        "SELECT * FROM loop.effective_policy(%s, %s)", (c["tenant_id"], c["route"])
+    ).fetchone()
     return STEPS[c["state"]](conn, c | {"policy": jsonable(dict(policy or {}))})
 
 

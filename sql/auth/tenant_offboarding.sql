@@ -104,9 +104,7 @@ DECLARE
   v_row      auth.tenant_offboarding;
   v_counts   jsonb := '{}';
   v_n        bigint;
-  v_routes   text[];
   v_adapters text[];
-  v_suites   text[];
   v_uris     text[];
   v_loaded   text;
 BEGIN
@@ -131,9 +129,7 @@ BEGIN
       HINT = 'the reconciler unloads retired adapters on its next pass; force if the engines are gone';
   END IF;
 
-  SELECT coalesce(array_agg(name), '{}') INTO v_routes FROM serve.route WHERE tenant_id = p_tenant;
   SELECT coalesce(array_agg(id), '{}') INTO v_adapters FROM serve.adapter WHERE tenant_id = p_tenant;
-  SELECT coalesce(array_agg(id), '{}') INTO v_suites FROM train.eval_suite WHERE tenant_id = p_tenant;
   -- An artefact another tenant's adapter refers to is never deleted (routes are per tenant, so
   -- this does not happen unless someone registered such a row by hand).
   SELECT coalesce(array_agg(DISTINCT a.weights_uri), '{}') INTO v_uris
@@ -161,15 +157,15 @@ BEGIN
   DELETE FROM train.eval_request WHERE tenant_id = p_tenant OR adapter_id = ANY (v_adapters);
   GET DIAGNOSTICS v_n = ROW_COUNT; v_counts := v_counts || jsonb_build_object('train.eval_request', v_n);
   DELETE FROM train.judge_verdict v USING train.judge_calibration c
-   WHERE v.calibration_id = c.id AND c.suite_id = ANY (v_suites);
+   WHERE v.calibration_id = c.id AND c.tenant_id = p_tenant;
   GET DIAGNOSTICS v_n = ROW_COUNT; v_counts := v_counts || jsonb_build_object('train.judge_verdict', v_n);
-  DELETE FROM train.judge_calibration WHERE suite_id = ANY (v_suites);
+  DELETE FROM train.judge_calibration WHERE tenant_id = p_tenant;
   GET DIAGNOSTICS v_n = ROW_COUNT; v_counts := v_counts || jsonb_build_object('train.judge_calibration', v_n);
-  DELETE FROM train.eval_calibration_case WHERE suite_id = ANY (v_suites);
+  DELETE FROM train.eval_calibration_case WHERE tenant_id = p_tenant;
   GET DIAGNOSTICS v_n = ROW_COUNT; v_counts := v_counts || jsonb_build_object('train.eval_calibration_case', v_n);
-  DELETE FROM train.eval_case WHERE suite_id = ANY (v_suites);
+  DELETE FROM train.eval_case WHERE tenant_id = p_tenant;
   GET DIAGNOSTICS v_n = ROW_COUNT; v_counts := v_counts || jsonb_build_object('train.eval_case', v_n);
-  DELETE FROM train.eval_suite WHERE id = ANY (v_suites);
+  DELETE FROM train.eval_suite WHERE tenant_id = p_tenant;
   GET DIAGNOSTICS v_n = ROW_COUNT; v_counts := v_counts || jsonb_build_object('train.eval_suite', v_n);
 
   DELETE FROM serve.adapter_deployment WHERE adapter_id = ANY (v_adapters);
@@ -178,7 +174,7 @@ BEGIN
   GET DIAGNOSTICS v_n = ROW_COUNT; v_counts := v_counts || jsonb_build_object('serve.experiment_decision', v_n);
   DELETE FROM serve.experiment_policy WHERE tenant_id = p_tenant;
   GET DIAGNOSTICS v_n = ROW_COUNT; v_counts := v_counts || jsonb_build_object('serve.experiment_policy', v_n);
-  DELETE FROM train.promotion_policy WHERE route = ANY (v_routes);
+  DELETE FROM train.promotion_policy WHERE tenant_id = p_tenant;
   GET DIAGNOSTICS v_n = ROW_COUNT; v_counts := v_counts || jsonb_build_object('train.promotion_policy', v_n);
 
   DELETE FROM loop.cycle_event WHERE tenant_id = p_tenant;

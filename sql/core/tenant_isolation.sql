@@ -57,11 +57,11 @@ DROP POLICY IF EXISTS tenant_isolation ON train.promotion_policy;
 -- routes' rules: a global rule is never updated or deleted through a key (an UPDATE that set a
 -- route on it would take the rule away from every tenant).
 CREATE POLICY tenant_isolation ON train.promotion_policy FOR SELECT TO cft_app
-  USING (route IS NULL OR EXISTS (SELECT 1 FROM serve.route r WHERE r.name = route));
+  USING (route IS NULL OR tenant_id = auth.current_tenant_id());
 DROP POLICY IF EXISTS tenant_write ON train.promotion_policy;
 CREATE POLICY tenant_write ON train.promotion_policy FOR ALL TO cft_app
-  USING (route IS NOT NULL AND EXISTS (SELECT 1 FROM serve.route r WHERE r.name = route))
-  WITH CHECK (route IS NOT NULL AND EXISTS (SELECT 1 FROM serve.route r WHERE r.name = route));
+  USING (route IS NOT NULL AND tenant_id = auth.current_tenant_id())
+  WITH CHECK (route IS NOT NULL AND tenant_id = auth.current_tenant_id());
 DROP POLICY IF EXISTS read_all ON train.promotion_policy;
 CREATE POLICY read_all ON train.promotion_policy FOR SELECT TO cft_dashboard, cft_release USING (true);
 

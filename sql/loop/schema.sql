@@ -88,7 +88,7 @@ LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, public, pg_temp 
 DECLARE
   v_max numeric;
 BEGIN
-  SELECT max_canary_pct INTO v_max FROM serve.route WHERE name = NEW.route;
+  SELECT max_canary_pct INTO v_max FROM serve.route WHERE tenant_id = NEW.tenant_id AND name = NEW.route;
   IF v_max IS NOT NULL AND NEW.canary_pct > v_max THEN
     RAISE check_violation USING CONSTRAINT = 'loop_policy_canary_ceiling',
       MESSAGE = format('canary_pct %s is above the ceiling of route %s (max_canary_pct %s)',
@@ -101,36 +101,32 @@ $$;
 CREATE OR REPLACE TRIGGER policy_check BEFORE INSERT OR UPDATE ON loop.policy
   FOR EACH ROW EXECUTE FUNCTION loop.policy_check();
 
--- The tenant of a route, for functions that run with owner rights: a caller scoped to a tenant
--- (the API's cft_app, cft.tenant_id set) may only ask about its own routes.
-CREATE OR REPLACE FUNCTION loop.route_tenant(p_route text) RETURNS int
+-- A tenant's route, checked for functions that run with owner rights: the route must exist, and
+-- a caller scoped to a tenant (the API's cft_app, cft.tenant_id set) may only ask about its own.
+CREATE OR REPLACE FUNCTION loop.check_route(p_tenant int, p_route text) RETURNS void
 LANGUAGE plpgsql STABLE SECURITY DEFINER SET search_path = pg_catalog, public, pg_temp AS $$
-DECLARE
-  v_tenant int;
 BEGIN
-  SELECT tenant_id INTO v_tenant FROM serve.route WHERE name = p_route;
-  IF NOT FOUND OR (auth.current_tenant_id() IS NOT NULL AND v_tenant <> auth.current_tenant_id()) THEN
+  IF NOT EXISTS (SELECT 1 FROM serve.route WHERE tenant_id = p_tenant AND name = p_route)
+     OR p_tenant IS DISTINCT FROM coalesce(auth.current_tenant_id(), p_tenant) THEN
     RAISE EXCEPTION 'route % not found', p_route USING ERRCODE = 'no_data_found';
   END IF;
-  RETURN v_tenant;
 END
 $$;
 
 -- The effective policy of a route: its row, or the column defaults when it has none (an insert
 -- rolled back inside a subtransaction: the defaults stay defined once, in the table above).
-CREATE OR REPLACE FUNCTION loop.effective_policy(p_route text) RETURNS loop.policy
+CREATE OR REPLACE FUNCTION loop.effective_policy(p_tenant int, p_route text) RETURNS loop.policy
 LANGUAGE plpgsql VOLATILE SECURITY DEFINER SET search_path = pg_catalog, public, pg_temp AS $$
 DECLARE
   p loop.policy;
-  v_tenant int;
 BEGIN
-  v_tenant := loop.route_tenant(p_route);
-  SELECT * INTO p FROM loop.policy WHERE route = p_route;
+  PERFORM loop.check_route(p_tenant, p_route);
+  SELECT * INTO p FROM loop.policy WHERE tenant_id = p_tenant AND route = p_route;
   IF FOUND THEN
     RETURN p;
   END IF;
   BEGIN
-    INSERT INTO loop.policy (route, tenant_id) VALUES (p_route, v_tenant) RETURNING * INTO p;
+    INSERT INTO loop.policy (route, tenant_id) VALUES (p_route, p_tenant) RETURNING * INTO p;
     RAISE EXCEPTION USING ERRCODE = 'P0001', MESSAGE = 'loop.effective_policy: undo';
   EXCEPTION WHEN raise_exception THEN
     NULL;  -- p keeps the defaults

@@ -48,15 +48,16 @@ GRANT SELECT ON loop.cycle, loop.cycle_event, loop.control TO cft_app;
 GRANT SELECT ON loop.policy, loop.cycle, loop.cycle_event, loop.control TO cft_release, cft_dashboard;
 -- Owner-rights functions: for the API role (and release managers), not PUBLIC; the read-only
 -- dashboard role runs no owner-rights function (it reads the loop's tables directly).
-REVOKE EXECUTE ON FUNCTION loop.route_tenant(text), loop.effective_policy(text),
-  loop.signal_counts(text, timestamptz), loop.last_cycle_at(text), loop.trigger_volume(text),
-  loop.trigger_schedule(text), loop.trigger_decline(text), loop.trigger_drift(text),
-  loop.trigger_forget(text), loop.limits(text), loop.start_due_cycles(),
-  loop.canary_verdict(bigint), loop.watch_verdict(bigint), loop.decision_policy(text),
-  loop.set_control(boolean, text, text) FROM PUBLIC;
-GRANT EXECUTE ON FUNCTION loop.route_tenant(text), loop.effective_policy(text),
-  loop.signal_counts(text, timestamptz), loop.last_cycle_at(text), loop.trigger_volume(text),
-  loop.trigger_schedule(text), loop.trigger_decline(text), loop.trigger_drift(text),
-  loop.trigger_forget(text), loop.limits(text), loop.decision_policy(text)
+REVOKE EXECUTE ON FUNCTION loop.check_route(int, text), loop.effective_policy(int, text),
+  loop.signal_counts(int, text, timestamptz), loop.last_cycle_at(int, text),
+  loop.trigger_volume(int, text), loop.trigger_schedule(int, text), loop.trigger_decline(int, text),
+  loop.trigger_drift(int, text), loop.trigger_forget(int, text), loop.limits(int, text),
+  loop.start_due_cycles(), loop.canary_verdict(bigint), loop.watch_verdict(bigint),
+  loop.decision_policy(int, text), loop.set_control(boolean, text, text) FROM PUBLIC;
+GRANT EXECUTE ON FUNCTION loop.check_route(int, text), loop.effective_policy(int, text),
+  loop.signal_counts(int, text, timestamptz), loop.last_cycle_at(int, text),
+  loop.trigger_volume(int, text), loop.trigger_schedule(int, text), loop.trigger_decline(int, text),
+  loop.trigger_drift(int, text), loop.trigger_forget(int, text), loop.limits(int, text),
+  loop.decision_policy(int, text)
   TO cft_app, cft_release;
 GRANT EXECUTE ON FUNCTION loop.set_control(boolean, text, text) TO cft_app;

@@ -2,27 +2,28 @@
 -- when it holds now; a forget cycle (the prod must be replaced) is not held by min_interval or
 -- the cool-down (forget_bypasses), only by the switches, the one-cycle rule, max cycles per day
 -- (so a replacement the gate keeps refusing does not retrain without end) and the capacity.
-CREATE OR REPLACE FUNCTION loop.limits(p_route text)
+CREATE OR REPLACE FUNCTION loop.limits(p_tenant int, p_route text)
 RETURNS TABLE (limit_name text, blocking boolean, value float8, threshold float8,
                forget_bypasses boolean, line text)
 LANGUAGE plpgsql VOLATILE SECURITY DEFINER SET search_path = pg_catalog, public, pg_temp AS $$
 DECLARE
-  p        loop.policy := loop.effective_policy(p_route);
+  p        loop.policy := loop.effective_policy(p_tenant, p_route);
   k        loop.control;
   v_active bigint;
   v_day    bigint;
-  v_last   timestamptz := loop.last_cycle_at(p_route);
+  v_last   timestamptz := loop.last_cycle_at(p_tenant, p_route);
   v_reject timestamptz;
   v_tenant bigint;
   v_all    bigint;
 BEGIN
   SELECT * INTO k FROM loop.control;
   SELECT id INTO v_active FROM loop.cycle
-   WHERE route = p_route AND state NOT IN ('promoted', 'rejected', 'rolled_back', 'failed');
+   WHERE tenant_id = p_tenant AND route = p_route
+     AND state NOT IN ('promoted', 'rejected', 'rolled_back', 'failed');
   SELECT count(*) INTO v_day FROM loop.cycle
-   WHERE route = p_route AND created_at > now() - interval '1 day';
+   WHERE tenant_id = p_tenant AND route = p_route AND created_at > now() - interval '1 day';
   SELECT max(finished_at) INTO v_reject FROM loop.cycle
-   WHERE route = p_route AND state IN ('rejected', 'rolled_back');
+   WHERE tenant_id = p_tenant AND route = p_route AND state IN ('rejected', 'rolled_back');
   -- Training capacity: runs queued or running, plus loop cycles about to enqueue one.
   SELECT count(*) INTO v_tenant FROM (
     SELECT id::text FROM train.training_run
@@ -69,8 +70,8 @@ BEGIN
             k.max_concurrent_training));
 END
 $$;
-COMMENT ON FUNCTION loop.limits(text) IS
-  'What holds a new loop cycle of the route back now (blocking = true): switches, one cycle at a '
+COMMENT ON FUNCTION loop.limits(int, text) IS
+  'What holds a new loop cycle of the tenant''s route back now (blocking = true): switches, one cycle at a '
   'time, max cycles per day, min_interval, cool-down after a rejection, training capacity.';
 
 -- Start the cycles that are due: for every enabled, unpaused route (rows locked, SKIP LOCKED:
@@ -79,6 +80,7 @@ COMMENT ON FUNCTION loop.limits(text) IS
 CREATE OR REPLACE FUNCTION loop.start_due_cycles() RETURNS SETOF loop.cycle
 LANGUAGE plpgsql VOLATILE SECURITY DEFINER SET search_path = pg_catalog, public, pg_temp AS $$
 DECLARE
+  v_tenant int;
   v_route text;
   v_trig  jsonb;
   v_lims  jsonb;
@@ -91,9 +93,10 @@ BEGIN
     RETURN;
   END IF;
   -- ("loop" quoted: unquoted, PL/pgSQL would read it as the end of the FOR's query)
-  FOR v_route IN SELECT q.route FROM "loop".policy q WHERE q.enabled AND NOT q.paused
-                  ORDER BY q.route FOR UPDATE SKIP LOCKED LOOP
-    SELECT jsonb_agg(to_jsonb(t)) INTO v_trig FROM loop.triggers(v_route) t;
+  FOR v_tenant, v_route IN SELECT q.tenant_id, q.route FROM "loop".policy q
+                            WHERE q.enabled AND NOT q.paused
+                            ORDER BY q.tenant_id, q.route FOR UPDATE SKIP LOCKED LOOP
+    SELECT jsonb_agg(to_jsonb(t)) INTO v_trig FROM loop.triggers(v_tenant, v_route) t;
     SELECT e->>'trigger' AS trigger, e->'detail' AS detail, e->>'line' AS line INTO v_fired
       FROM jsonb_array_elements(v_trig) e
      WHERE (e->>'fired')::boolean
@@ -104,9 +107,9 @@ BEGIN
     SELECT jsonb_object_agg(l.limit_name, to_jsonb(l) - 'limit_name'),
            string_agg(l.line, '; ') FILTER (WHERE l.blocking
                                              AND NOT (v_fired.trigger = 'forget' AND l.forget_bypasses))
-      INTO v_lims, v_block FROM loop.limits(v_route) l;
+      INTO v_lims, v_block FROM loop.limits(v_tenant, v_route) l;
     CONTINUE WHEN v_block IS NOT NULL;
-    p := loop.effective_policy(v_route);
+    p := loop.effective_policy(v_tenant, v_route);
     INSERT INTO loop.cycle (tenant_id, route, trigger, trigger_values, policy, forget_request_id)
     VALUES (p.tenant_id, v_route, v_fired.trigger,
             jsonb_build_object('fired', v_fired.trigger, 'line', v_fired.line,

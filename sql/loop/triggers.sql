@@ -1,7 +1,7 @@
 -- Triggers of the loop: SQL functions the worker only calls. Each returns one row: whether it
 -- fired, its current value and threshold, the numbers behind it (detail) and a line for people
 -- ("waiting: 14 of 40 usable regenerate pairs"). Owner rights (the candidate views have no
--- row-level security), limited to the caller's tenant by loop.route_tenant.
+-- row-level security), limited to the caller's tenant by loop.check_route.
 
 -- A one-sided two-proportion z-test (pooled standard error): the p-value of "rate 2 > rate 1".
 CREATE OR REPLACE FUNCTION loop.prop_test(x1 bigint, n1 bigint, x2 bigint, n2 bigint)
@@ -33,15 +33,16 @@ $$;
 -- snapshot's first dedup step). Semantic dedup is not applied: the count can exceed what a
 -- snapshot keeps by the near-duplicates it drops. The views are as fresh as their last refresh
 -- (`cft worker loop` refreshes them every --refresh seconds; a snapshot refreshes its own).
-CREATE OR REPLACE FUNCTION loop.signal_counts(p_route text, p_since timestamptz DEFAULT NULL)
+CREATE OR REPLACE FUNCTION loop.signal_counts(p_tenant int, p_route text,
+                                              p_since timestamptz DEFAULT NULL)
 RETURNS TABLE (edits bigint, regen_pairs bigint, pairs bigint, thumbs bigint, thumbs_up bigint,
                thumbs_down bigint, desirable bigint, since timestamptz)
 LANGUAGE plpgsql STABLE SECURITY DEFINER SET search_path = pg_catalog, public, pg_temp AS $$
 DECLARE
-  v_tenant int := loop.route_tenant(p_route);
   v_since  timestamptz := greatest(coalesce(p_since, '-infinity'), now() - interval '60 days');
 BEGIN
-  IF NOT coalesce((SELECT t.consent_training FROM tenant t WHERE t.id = v_tenant), false) THEN
+  PERFORM loop.check_route(p_tenant, p_route);
+  IF NOT coalesce((SELECT t.consent_training FROM tenant t WHERE t.id = p_tenant), false) THEN
     RETURN QUERY SELECT 0::bigint, 0::bigint, 0::bigint, 0::bigint, 0::bigint, 0::bigint,
                         0::bigint, v_since;
     RETURN;
@@ -54,18 +55,18 @@ BEGIN
   ), pair AS (
     SELECT c.source, train.prompt_hash(c.example->'prompt') AS h
       FROM train.pair_candidate c
-     WHERE c.tenant_id = v_tenant AND c.route = p_route AND c.created_at >= v_since
+     WHERE c.tenant_id = p_tenant AND c.route = p_route AND c.created_at >= v_since
        AND (c.prompt_log_id, c.prompt_created_at) NOT IN (SELECT * FROM dead)
        AND (c.chosen_log_id, c.chosen_created_at) NOT IN (SELECT * FROM dead)
   ), thumb AS (
     SELECT c.label, train.prompt_hash(c.example->'prompt') AS h
       FROM train.kto_candidate c
-     WHERE c.tenant_id = v_tenant AND c.route = p_route AND c.created_at >= v_since
+     WHERE c.tenant_id = p_tenant AND c.route = p_route AND c.created_at >= v_since
        AND (c.prompt_log_id, c.prompt_created_at) NOT IN (SELECT * FROM dead)
   ), sft AS (
     SELECT c.source, train.prompt_hash((c.example->'messages') - (-1)) AS h
       FROM train.sft_candidate c
-     WHERE c.tenant_id = v_tenant AND c.route = p_route AND c.created_at >= v_since
+     WHERE c.tenant_id = p_tenant AND c.route = p_route AND c.created_at >= v_since
        AND (c.prompt_log_id, c.prompt_created_at) NOT IN (SELECT * FROM dead)
   ), n AS (
     SELECT (SELECT count(DISTINCT h) FROM sft WHERE source = 'edit') AS edits,
@@ -81,26 +82,28 @@ BEGIN
 END
 $$;
 
-CREATE OR REPLACE FUNCTION loop.last_cycle_at(p_route text) RETURNS timestamptz
+CREATE OR REPLACE FUNCTION loop.last_cycle_at(p_tenant int, p_route text) RETURNS timestamptz
 LANGUAGE sql STABLE SECURITY DEFINER SET search_path = pg_catalog, public, pg_temp AS $$
-  SELECT max(created_at) FROM loop.cycle WHERE route = p_route
+  SELECT max(created_at) FROM loop.cycle
+   WHERE tenant_id = p_tenant AND route = p_route
+     AND p_tenant = coalesce(auth.current_tenant_id(), p_tenant)
 $$;
 
 -- Volume: examples that can teach (edits, thumbs-up answers, regenerate pairs: an answer users
 -- wanted) since the route's last cycle >= min_new_examples. Thumbs down alone never fire it: a
 -- set with nothing users wanted cannot teach. With a pinned method, the signal that method
 -- trains on.
-CREATE OR REPLACE FUNCTION loop.trigger_volume(p_route text)
+CREATE OR REPLACE FUNCTION loop.trigger_volume(p_tenant int, p_route text)
 RETURNS TABLE (trigger text, fired boolean, value float8, threshold float8, detail jsonb, line text)
 LANGUAGE plpgsql VOLATILE SECURITY DEFINER SET search_path = pg_catalog, public, pg_temp AS $$
 DECLARE
-  p      loop.policy := loop.effective_policy(p_route);
-  v_last timestamptz := loop.last_cycle_at(p_route);
+  p      loop.policy := loop.effective_policy(p_tenant, p_route);
+  v_last timestamptz := loop.last_cycle_at(p_tenant, p_route);
   s      record;
   v_sig  text;
   v_n    bigint;
 BEGIN
-  SELECT * INTO s FROM loop.signal_counts(p_route, v_last);
+  SELECT * INTO s FROM loop.signal_counts(p_tenant, p_route, v_last);
   IF p.method = 'sft' THEN
     v_sig := 'edits and thumbs-up answers'; v_n := s.edits + s.thumbs_up;
   ELSIF p.method IN ('dpo', 'orpo', 'simpo') THEN
@@ -125,12 +128,12 @@ $$;
 
 -- Schedule: a cycle at least every max_interval (from the last cycle, or from when the policy
 -- was written). min_interval is a limit (loop.limits), not a trigger.
-CREATE OR REPLACE FUNCTION loop.trigger_schedule(p_route text)
+CREATE OR REPLACE FUNCTION loop.trigger_schedule(p_tenant int, p_route text)
 RETURNS TABLE (trigger text, fired boolean, value float8, threshold float8, detail jsonb, line text)
 LANGUAGE plpgsql VOLATILE SECURITY DEFINER SET search_path = pg_catalog, public, pg_temp AS $$
 DECLARE
-  p     loop.policy := loop.effective_policy(p_route);
-  v_ref timestamptz := coalesce(loop.last_cycle_at(p_route), p.created_at);
+  p     loop.policy := loop.effective_policy(p_tenant, p_route);
+  v_ref timestamptz := coalesce(loop.last_cycle_at(p_tenant, p_route), p.created_at);
   v_age float8 := extract(epoch FROM now() - v_ref);
   v_max float8 := extract(epoch FROM p.max_interval);
 BEGIN
@@ -148,11 +151,11 @@ $$;
 -- lower than over the first decline_window after its promotion, by a one-sided two-proportion
 -- z-test at decline_alpha, with at least decline_min_n rated rows in each window (the windows
 -- may not overlap).
-CREATE OR REPLACE FUNCTION loop.trigger_decline(p_route text)
+CREATE OR REPLACE FUNCTION loop.trigger_decline(p_tenant int, p_route text)
 RETURNS TABLE (trigger text, fired boolean, value float8, threshold float8, detail jsonb, line text)
 LANGUAGE plpgsql VOLATILE SECURITY DEFINER SET search_path = pg_catalog, public, pg_temp AS $$
 DECLARE
-  p      loop.policy := loop.effective_policy(p_route);
+  p      loop.policy := loop.effective_policy(p_tenant, p_route);
   v_prod serve.adapter%ROWTYPE;
   v_t0   timestamptz;
   b      record;
@@ -160,7 +163,8 @@ DECLARE
   t      record;
   v_d    jsonb;
 BEGIN
-  SELECT * INTO v_prod FROM serve.adapter a WHERE a.route = p_route AND a.status = 'prod';
+  SELECT * INTO v_prod FROM serve.adapter a
+   WHERE a.tenant_id = p_tenant AND a.route = p_route AND a.status = 'prod';
   IF NOT p.decline_enabled OR v_prod.id IS NULL THEN
     RETURN QUERY SELECT 'decline'::text, false, NULL::float8, p.decline_alpha,
       jsonb_build_object('prod', v_prod.id),
@@ -207,17 +211,18 @@ $$;
 -- drift_distance. Fires when that share >= drift_share over at least drift_min_n prompts.
 -- Exact nearest neighbours (a scan of the snapshot's prompts per recent prompt): drift_sample x
 -- training rows distances, ~1 s at 200 x 10k.
-CREATE OR REPLACE FUNCTION loop.trigger_drift(p_route text)
+CREATE OR REPLACE FUNCTION loop.trigger_drift(p_tenant int, p_route text)
 RETURNS TABLE (trigger text, fired boolean, value float8, threshold float8, detail jsonb, line text)
 LANGUAGE plpgsql VOLATILE SECURITY DEFINER SET search_path = pg_catalog, public, pg_temp AS $$
 DECLARE
-  p      loop.policy := loop.effective_policy(p_route);
+  p      loop.policy := loop.effective_policy(p_tenant, p_route);
   v_prod serve.adapter%ROWTYPE;
   v_snap train.dataset_snapshot%ROWTYPE;
   r      record;
   v_d    jsonb;
 BEGIN
-  SELECT * INTO v_prod FROM serve.adapter a WHERE a.route = p_route AND a.status = 'prod';
+  SELECT * INTO v_prod FROM serve.adapter a
+   WHERE a.tenant_id = p_tenant AND a.route = p_route AND a.status = 'prod';
   SELECT * INTO v_snap FROM train.dataset_snapshot s WHERE s.id = v_prod.dataset_snapshot_id;
   IF NOT p.drift_enabled OR v_snap.id IS NULL THEN
     RETURN QUERY SELECT 'drift'::text, false, NULL::float8, p.drift_share,
@@ -266,14 +271,15 @@ END
 $$;
 
 -- Forget: the prod adapter is tainted (a user it was trained on was forgotten).
-CREATE OR REPLACE FUNCTION loop.trigger_forget(p_route text)
+CREATE OR REPLACE FUNCTION loop.trigger_forget(p_tenant int, p_route text)
 RETURNS TABLE (trigger text, fired boolean, value float8, threshold float8, detail jsonb, line text)
 LANGUAGE plpgsql VOLATILE SECURITY DEFINER SET search_path = pg_catalog, public, pg_temp AS $$
 DECLARE
   v_prod serve.adapter%ROWTYPE;
 BEGIN
-  PERFORM loop.route_tenant(p_route);
-  SELECT * INTO v_prod FROM serve.adapter a WHERE a.route = p_route AND a.status = 'prod';
+  PERFORM loop.check_route(p_tenant, p_route);
+  SELECT * INTO v_prod FROM serve.adapter a
+   WHERE a.tenant_id = p_tenant AND a.route = p_route AND a.status = 'prod';
   RETURN QUERY SELECT 'forget'::text, v_prod.tainted_at IS NOT NULL,
     CASE WHEN v_prod.tainted_at IS NOT NULL THEN 1 ELSE 0 END::float8, 1::float8,
     jsonb_build_object('prod', v_prod.id, 'tainted_at', v_prod.tainted_at,
@@ -288,14 +294,14 @@ END
 $$;
 
 -- Every trigger of a route, in the order a cycle start picks them (the first that fired).
-CREATE OR REPLACE FUNCTION loop.triggers(p_route text)
+CREATE OR REPLACE FUNCTION loop.triggers(p_tenant int, p_route text)
 RETURNS TABLE (trigger text, fired boolean, value float8, threshold float8, detail jsonb, line text)
 LANGUAGE sql VOLATILE AS $$
-  SELECT * FROM loop.trigger_forget(p_route)
-  UNION ALL SELECT * FROM loop.trigger_decline(p_route)
-  UNION ALL SELECT * FROM loop.trigger_drift(p_route)
-  UNION ALL SELECT * FROM loop.trigger_volume(p_route)
-  UNION ALL SELECT * FROM loop.trigger_schedule(p_route)
+  SELECT * FROM loop.trigger_forget(p_tenant, p_route)
+  UNION ALL SELECT * FROM loop.trigger_decline(p_tenant, p_route)
+  UNION ALL SELECT * FROM loop.trigger_drift(p_tenant, p_route)
+  UNION ALL SELECT * FROM loop.trigger_volume(p_tenant, p_route)
+  UNION ALL SELECT * FROM loop.trigger_schedule(p_tenant, p_route)
 $$;
-COMMENT ON FUNCTION loop.triggers(text) IS
-  'The live value of every loop trigger of a route (forget, decline, drift, volume, schedule).';
+COMMENT ON FUNCTION loop.triggers(int, text) IS
+  'The live value of every loop trigger of a tenant''s route (forget, decline, drift, volume, schedule).';

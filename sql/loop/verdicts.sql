@@ -9,11 +9,12 @@
 -- the adapter, not the engine: against the bare base (a route with no prod yet) a canary's ttft
 -- carries the engine's cost of serving any LoRA (+18 % p95 on the CPU engine), so the ttft guard
 -- applies only between two adapters, where that cost is on both sides.
-CREATE OR REPLACE FUNCTION loop.decision_policy(p_route text) RETURNS serve.experiment_policy
+CREATE OR REPLACE FUNCTION loop.decision_policy(p_tenant int, p_route text)
+RETURNS serve.experiment_policy
 LANGUAGE plpgsql STABLE SECURITY DEFINER SET search_path = pg_catalog, public, pg_temp AS $$
 DECLARE
-  e serve.experiment_policy := serve.experiment_policy_of(p_route);
-  p loop.policy := loop.effective_policy(p_route);
+  p loop.policy := loop.effective_policy(p_tenant, p_route);
+  e serve.experiment_policy := serve.experiment_policy_of(p_tenant, p_route);
 BEGIN
   e.route := p_route;
   e.metric := p.decision_metric;
@@ -22,7 +23,7 @@ BEGIN
   e.watch_window := p.watch_window;
   e.max_n_per_arm := NULL;
   e.max_duration := NULL;
-  IF serve.current_prod(p_route) IS NULL THEN
+  IF serve.current_prod(p_tenant, p_route) IS NULL THEN
     e.max_ttft_p95_increase := NULL;
   END IF;
   RETURN e;
@@ -58,9 +59,10 @@ DECLARE
   v_line  text;
 BEGIN
   SELECT * INTO c FROM loop.cycle WHERE id = p_cycle;
-  p := loop.effective_policy(c.route);
-  SELECT coalesce(r.experiment, r.name) INTO v_exp FROM serve.route r WHERE r.name = c.route;
-  v_prod := serve.current_prod(c.route);
+  p := loop.effective_policy(c.tenant_id, c.route);
+  SELECT coalesce(r.experiment, r.name) INTO v_exp FROM serve.route r
+   WHERE r.tenant_id = c.tenant_id AND r.name = c.route;
+  v_prod := serve.current_prod(c.tenant_id, c.route);
   SELECT to_jsonb(x) INTO m FROM obs.experiment_compare(v_exp, c.canary_started_at, now(), p.decision_alpha,
                                                   p_tenant_id => c.tenant_id) x
    WHERE x.canary_adapter = c.adapter_id AND x.metric = p.decision_metric
@@ -137,7 +139,7 @@ DECLARE
   v_bad text;
 BEGIN
   SELECT * INTO c FROM loop.cycle WHERE id = p_cycle;
-  p := loop.effective_policy(c.route);
+  p := loop.effective_policy(c.tenant_id, c.route);
   v_len := greatest(p.watch_window, interval '1 day');
   SELECT count(*) AS n, count(*) FILTER (WHERE fb_regen) AS regen,
          count(*) FILTER (WHERE fb_explicit <> 0) AS rated,

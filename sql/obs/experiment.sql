@@ -9,7 +9,8 @@ CREATE OR REPLACE VIEW obs.experiment WITH (security_invoker = true) AS
          array_agg(DISTINCT l.adapter_id ORDER BY l.adapter_id) AS adapters,
          min(l.created_at) AS first_at,
          max(l.created_at) AS last_at,
-         EXISTS (SELECT 1 FROM serve.route r JOIN serve.adapter a ON a.route = r.name
+         EXISTS (SELECT 1 FROM serve.route r
+                   JOIN serve.adapter a ON a.tenant_id = r.tenant_id AND a.route = r.name
                   WHERE coalesce(r.experiment, r.name) = l.experiment AND r.tenant_id = l.tenant_id
                     AND a.status = 'canary') AS running
     FROM obs.inference_log l

@@ -3,15 +3,17 @@
 
 -- Runs as the owner: the budget must count every canary of the route and lock the route row,
 -- whatever the caller may see or update.
-CREATE OR REPLACE FUNCTION serve.check_canary_budget(p_route text, p_adapter text, p_pct numeric)
+CREATE OR REPLACE FUNCTION serve.check_canary_budget(p_tenant int, p_route text, p_adapter text,
+                                                     p_pct numeric)
 RETURNS void LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, public, pg_temp AS $$
 DECLARE
   v_total numeric;
 BEGIN
   -- Serialise canary changes of one route so two transactions cannot both fit in the budget.
-  PERFORM 1 FROM serve.route WHERE name = p_route FOR UPDATE;
+  PERFORM 1 FROM serve.route WHERE tenant_id = p_tenant AND name = p_route FOR UPDATE;
   SELECT coalesce(sum(traffic_pct), 0) INTO v_total
-    FROM serve.adapter WHERE route = p_route AND status = 'canary' AND id <> p_adapter;
+    FROM serve.adapter
+   WHERE tenant_id = p_tenant AND route = p_route AND status = 'canary' AND id <> p_adapter;
   IF v_total + p_pct > 100 THEN
     RAISE check_violation USING
       MESSAGE = format('canaries of route %s would take %s %% of traffic (at most 100)',
@@ -25,16 +27,17 @@ $$;
 -- overrides as the gate's override does (cft_release, cft.override = 'on', a cft.reason; the
 -- audit records it). Owner rights: it counts every canary of the route, whatever the caller
 -- may see. (INSERT of a canary is the owner's bootstrap alone, see serve/adapter_gate.sql.)
-CREATE OR REPLACE FUNCTION serve.check_canary_ceiling(p_route text, p_adapter text, p_pct numeric,
-                                                      p_override boolean)
+CREATE OR REPLACE FUNCTION serve.check_canary_ceiling(p_tenant int, p_route text, p_adapter text,
+                                                      p_pct numeric, p_override boolean)
 RETURNS void LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, public, pg_temp AS $$
 DECLARE
   v_max   numeric;
   v_total numeric;
 BEGIN
-  SELECT max_canary_pct INTO v_max FROM serve.route WHERE name = p_route;
+  SELECT max_canary_pct INTO v_max FROM serve.route WHERE tenant_id = p_tenant AND name = p_route;
   SELECT coalesce(sum(traffic_pct), 0) + p_pct INTO v_total
-    FROM serve.adapter WHERE route = p_route AND status = 'canary' AND id <> p_adapter;
+    FROM serve.adapter
+   WHERE tenant_id = p_tenant AND route = p_route AND status = 'canary' AND id <> p_adapter;
   IF v_total > v_max AND NOT p_override THEN
     RAISE check_violation USING
       CONSTRAINT = 'adapter_canary_ceiling',
@@ -45,8 +48,8 @@ BEGIN
   END IF;
 END
 $$;
-REVOKE EXECUTE ON FUNCTION serve.check_canary_ceiling(text, text, numeric, boolean) FROM PUBLIC;
-GRANT EXECUTE ON FUNCTION serve.check_canary_ceiling(text, text, numeric, boolean)
+REVOKE EXECUTE ON FUNCTION serve.check_canary_ceiling(int, text, text, numeric, boolean) FROM PUBLIC;
+GRANT EXECUTE ON FUNCTION serve.check_canary_ceiling(int, text, text, numeric, boolean)
   TO cft_app, cft_release;
 
 -- Runs as the caller, so it can record who the caller is for the audit trigger that follows.
@@ -62,9 +65,9 @@ BEGIN
   END IF;
   IF NEW.status = 'canary' AND (TG_OP = 'INSERT' OR OLD.status IS DISTINCT FROM NEW.status
                                 OR OLD.traffic_pct IS DISTINCT FROM NEW.traffic_pct) THEN
-    PERFORM serve.check_canary_budget(NEW.route, NEW.id, NEW.traffic_pct);
+    PERFORM serve.check_canary_budget(NEW.tenant_id, NEW.route, NEW.id, NEW.traffic_pct);
     IF TG_OP = 'UPDATE' THEN
-      PERFORM serve.check_canary_ceiling(NEW.route, NEW.id, NEW.traffic_pct,
+      PERFORM serve.check_canary_ceiling(NEW.tenant_id, NEW.route, NEW.id, NEW.traffic_pct,
         coalesce(nullif(current_setting('cft.override', true), ''), 'off') = 'on'
         AND nullif(btrim(coalesce(current_setting('cft.reason', true), '')), '') IS NOT NULL
         AND 'cft_release' IN (current_user::text, session_user::text));
@@ -114,6 +117,6 @@ CREATE OR REPLACE TRIGGER adapter_audit
 -- serve.check_canary_budget runs with owner rights and locks serve.route rows (FOR UPDATE);
 -- like the gate's helpers it is for the roles that write serve.adapter, not for PUBLIC: the
 -- read-only cft_dashboard could otherwise hold locks on every route and stall promotions.
-REVOKE EXECUTE ON FUNCTION serve.check_canary_budget(text, text, numeric) FROM PUBLIC;
-GRANT EXECUTE ON FUNCTION serve.check_canary_budget(text, text, numeric)
+REVOKE EXECUTE ON FUNCTION serve.check_canary_budget(int, text, text, numeric) FROM PUBLIC;
+GRANT EXECUTE ON FUNCTION serve.check_canary_budget(int, text, text, numeric)
   TO cft_app, cft_release;

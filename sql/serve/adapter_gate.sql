@@ -9,23 +9,24 @@
 -- Only the owner of serve.adapter (migrations, bootstrap) may INSERT a canary or a prod.
 
 -- Owner rights: the route row must be locked whatever the caller may update.
-CREATE OR REPLACE FUNCTION serve.lock_route(p_route text) RETURNS void
+CREATE OR REPLACE FUNCTION serve.lock_route(p_tenant int, p_route text) RETURNS void
 LANGUAGE sql VOLATILE SECURITY DEFINER SET search_path = pg_catalog, public, pg_temp AS $$
-  SELECT 1 FROM serve.route WHERE name = p_route FOR UPDATE
+  SELECT 1 FROM serve.route WHERE tenant_id = p_tenant AND name = p_route FOR UPDATE
 $$;
 
 -- The caller's rights: a tenant's key finds only its own routes' prod (another tenant's route
 -- answers NULL, as row-level security shows it no row); release and dashboard roles see all.
-CREATE OR REPLACE FUNCTION serve.current_prod(p_route text) RETURNS text
+CREATE OR REPLACE FUNCTION serve.current_prod(p_tenant int, p_route text) RETURNS text
 LANGUAGE sql VOLATILE SET search_path = pg_catalog, public, pg_temp AS $$
-  SELECT id FROM serve.adapter WHERE route = p_route AND status = 'prod'
+  SELECT id FROM serve.adapter WHERE tenant_id = p_tenant AND route = p_route AND status = 'prod'
 $$;
 
 -- The adapter a rollback of p_adapter would restore, or NULL if there is none fit to serve.
 CREATE OR REPLACE FUNCTION serve.previous_prod(p_adapter text) RETURNS text
 LANGUAGE sql VOLATILE SET search_path = pg_catalog, public, pg_temp AS $$
   SELECT p.id FROM serve.adapter a JOIN serve.adapter p ON p.id = a.previous_prod_id
-   WHERE a.id = p_adapter AND p.route = a.route AND p.status = 'retired' AND p.tainted_at IS NULL
+   WHERE a.id = p_adapter AND p.tenant_id = a.tenant_id AND p.route = a.route
+     AND p.status = 'retired' AND p.tainted_at IS NULL
 $$;
 
 -- Owner rights: callers may not write the audit trail; this adds the gate's verdict to the event
@@ -39,9 +40,9 @@ RETURNS void LANGUAGE sql VOLATILE SECURITY DEFINER SET search_path = pg_catalog
                   AND (auth.current_tenant_id() IS NULL OR e.tenant_id = auth.current_tenant_id()))
 $$;
 
-REVOKE EXECUTE ON FUNCTION serve.lock_route(text), serve.current_prod(text),
+REVOKE EXECUTE ON FUNCTION serve.lock_route(int, text), serve.current_prod(int, text),
   serve.previous_prod(text), serve.annotate_adapter_event(text, jsonb) FROM PUBLIC;
-GRANT EXECUTE ON FUNCTION serve.lock_route(text), serve.current_prod(text),
+GRANT EXECUTE ON FUNCTION serve.lock_route(int, text), serve.current_prod(int, text),
   serve.previous_prod(text), serve.annotate_adapter_event(text, jsonb)
   TO cft_app, cft_release;
 
@@ -82,16 +83,16 @@ BEGIN
     v_gate := 'canary';
   ELSIF OLD.status = 'prod' AND NEW.status <> 'prod' THEN
     -- A rollback: serialise with promotions of the route; the AFTER trigger restores.
-    PERFORM serve.lock_route(NEW.route);
+    PERFORM serve.lock_route(NEW.tenant_id, NEW.route);
     RETURN NEW;
   ELSE
     RETURN NEW;
   END IF;
 
   -- Two promotions of one route queue here; the second then compares against the first.
-  PERFORM serve.lock_route(NEW.route);
+  PERFORM serve.lock_route(NEW.tenant_id, NEW.route);
   IF v_gate = 'promotion' THEN
-    v_current := serve.current_prod(NEW.route);
+    v_current := serve.current_prod(NEW.tenant_id, NEW.route);
   END IF;
   SELECT jsonb_agg(to_jsonb(b)) INTO v_blockers FROM serve.promotion_blockers(NEW.id, v_current) b;
 
@@ -165,20 +166,22 @@ BEGIN
 END
 $$;
 
--- Explicit rollback: retire the route's prod and restore the one it replaced, or fail.
-CREATE OR REPLACE FUNCTION serve.rollback(route text, reason text) RETURNS text
+-- Explicit rollback: retire the prod of the tenant's route and restore the one it replaced, or
+-- fail.
+CREATE OR REPLACE FUNCTION serve.rollback(tenant_id int, route text, reason text) RETURNS text
 LANGUAGE plpgsql SET search_path = pg_catalog, public, pg_temp AS $$
 DECLARE
-  v_route  text := $1;
-  v_reason text := nullif(btrim(coalesce($2, '')), '');
+  v_tenant int := $1;
+  v_route  text := $2;
+  v_reason text := nullif(btrim(coalesce($3, '')), '');
   v_cur    text;
   v_prev   text;
 BEGIN
   IF v_reason IS NULL THEN
     RAISE invalid_parameter_value USING MESSAGE = 'a rollback needs a reason';
   END IF;
-  PERFORM serve.lock_route(v_route);
-  v_cur := serve.current_prod(v_route);
+  PERFORM serve.lock_route(v_tenant, v_route);
+  v_cur := serve.current_prod(v_tenant, v_route);
   IF v_cur IS NULL THEN
     RAISE check_violation USING CONSTRAINT = 'adapter_rollback',
       MESSAGE = format('route %s has no prod adapter to roll back', v_route);
@@ -190,15 +193,16 @@ BEGIN
   END IF;
   PERFORM set_config('cft.reason', v_reason, true);
   UPDATE serve.adapter SET status = 'retired', traffic_pct = 0 WHERE id = v_cur;
-  IF serve.current_prod(v_route) IS DISTINCT FROM v_prev THEN
+  IF serve.current_prod(v_tenant, v_route) IS DISTINCT FROM v_prev THEN
     RAISE check_violation USING CONSTRAINT = 'adapter_rollback',
       MESSAGE = format('rollback of route %s did not restore %s', v_route, v_prev);
   END IF;
   RETURN v_prev;
 END
 $$;
-COMMENT ON FUNCTION serve.rollback(text, text) IS
-  'Retire the prod of a route and restore the prod it replaced, in one transaction; returns its id.';
+COMMENT ON FUNCTION serve.rollback(int, text, text) IS
+  'Retire the prod of a tenant''s route and restore the prod it replaced, in one transaction; '
+  'returns its id.';
 
 -- BEFORE triggers fire in name order: the gate ('adapter_a_gate') runs before
 -- adapter_before_write, so the old prod is retired (and audited) before the outer row's actor is

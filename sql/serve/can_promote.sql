@@ -55,7 +55,7 @@ BEGIN
         NULL::numeric, 'candidate and current are the same adapter', NULL::text, NULL::text;
       RETURN;
     END IF;
-    IF p.route <> c.route THEN
+    IF (p.tenant_id, p.route) <> (c.tenant_id, c.route) THEN
       RETURN QUERY SELECT NULL::text, NULL::text, NULL::text, NULL::numeric, NULL::numeric,
         NULL::numeric, format('candidate is on route %s, current on route %s', c.route, p.route), NULL::text, NULL::text;
       RETURN;
@@ -87,7 +87,7 @@ BEGIN
            pp.suite_id, pp.metric, pp.direction, pp.tolerance, pp.required, pp.trusted_authors,
            pp.min_judge_kappa
       FROM train.promotion_policy pp
-     WHERE pp.route = c.route OR pp.route IS NULL
+     WHERE (pp.tenant_id = c.tenant_id AND pp.route = c.route) OR pp.route IS NULL
      ORDER BY pp.suite_id, pp.metric, pp.route NULLS LAST
   ), pol AS (
     SELECT q.metric, q.direction, q.tolerance, q.required, false AS by_default,
@@ -123,7 +123,8 @@ BEGIN
       -- The judge's latest calibration on this suite with this rubric.
       LEFT JOIN LATERAL (
         SELECT jc.id, jc.kappa FROM train.judge_calibration jc
-         WHERE jc.suite_id = pol.suite_id AND jc.judge_model = cr.judge_model
+         WHERE jc.tenant_id = c.tenant_id AND jc.suite_id = pol.suite_id
+           AND jc.judge_model = cr.judge_model
            AND jc.rubric_version = cr.rubric_version
          ORDER BY jc.calibrated_at DESC, jc.id DESC LIMIT 1) cal ON true
   ), lim AS (

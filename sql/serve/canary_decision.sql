@@ -1,15 +1,15 @@
 -- Decisions whose error rate is what the policy says, however often they are checked: what to do
 -- with a route's canaries, and with a newly promoted prod, from live traffic, by always-valid tests
 -- (the normal-mixture mSPRT, stats/sequential.sql), and never past a guard.
---   serve.canary_decision(route): per canary vs prod, promote / retire / continue;
---   serve.watch_decision(route):  the current prod vs the prod it replaced, since its promotion,
---                                 rollback / keep / continue.
+--   serve.canary_decision(tenant, route): per canary vs prod, promote / retire / continue;
+--   serve.watch_decision(tenant, route):  the current prod vs the prod it replaced, since its
+--                                         promotion, rollback / keep / continue.
 -- Both only read and return the numbers behind the decision (jsonb); serve.experiment_autopolicy
 -- (and the autonomous loop) act on them. They run as the caller.
 
 -- The route's experiment policy, or a row of the table's defaults when the route has none (the
 -- defaults are read from the catalog, so they are stated once, in serve/experiment_policy.sql).
-CREATE OR REPLACE FUNCTION serve.experiment_policy_of(p_route text)
+CREATE OR REPLACE FUNCTION serve.experiment_policy_of(p_tenant int, p_route text)
 RETURNS serve.experiment_policy LANGUAGE plpgsql STABLE SET search_path = pg_catalog, public, pg_temp AS $$
 DECLARE
   pol    serve.experiment_policy;
@@ -17,7 +17,7 @@ DECLARE
   v_val  jsonb;
   a      record;
 BEGIN
-  SELECT * INTO pol FROM serve.experiment_policy p WHERE p.route = p_route;
+  SELECT * INTO pol FROM serve.experiment_policy p WHERE p.tenant_id = p_tenant AND p.route = p_route;
   IF FOUND THEN
     RETURN pol;
   END IF;
@@ -29,12 +29,11 @@ BEGIN
     v_defs := v_defs || jsonb_build_object(a.attname, v_val);
   END LOOP;
   RETURN jsonb_populate_record(NULL::serve.experiment_policy, v_defs || jsonb_build_object(
-    'route', p_route, 'enabled', false,
-    'tenant_id', (SELECT r.tenant_id FROM serve.route r WHERE r.name = p_route)));
+    'route', p_route, 'enabled', false, 'tenant_id', p_tenant));
 END
 $$;
-COMMENT ON FUNCTION serve.experiment_policy_of(text) IS
-  'The route''s serve.experiment_policy row, or one of the column defaults (enabled = false).';
+COMMENT ON FUNCTION serve.experiment_policy_of(int, text) IS
+  'The tenant''s route''s serve.experiment_policy row, or one of the column defaults (enabled = false).';
 
 -- The guards of a policy on obs.sequential_compare rows (a jsonb array). A guard is tripped when
 -- the canary is significantly worse than its margin (the always-valid interval's bound past the
@@ -111,7 +110,7 @@ $$;
 --            control_not_prod).
 -- numbers: primary (the always-valid row), guards, comparisons (every metric), fixed_horizon
 -- (obs.experiment_compare over the policy's window_size: for reading, not valid under peeking).
-CREATE OR REPLACE FUNCTION serve.canary_decision(p_route text,
+CREATE OR REPLACE FUNCTION serve.canary_decision(p_tenant int, p_route text,
                                                  p_policy serve.experiment_policy DEFAULT NULL)
 RETURNS TABLE (canary_id text, control_id text, decision text, code text, reason text,
                numbers jsonb)
@@ -138,19 +137,21 @@ DECLARE
   v_budget   text;
   v_summary  text;
 BEGIN
-  SELECT * INTO v_rt FROM serve.route r WHERE r.name = p_route;
+  SELECT * INTO v_rt FROM serve.route r WHERE r.tenant_id = p_tenant AND r.name = p_route;
   IF NOT FOUND THEN
     RETURN;
   END IF;
-  -- A caller may decide by a policy of its own (the loop: loop.decision_policy(route)).
-  pol := CASE WHEN p_policy.route IS NULL THEN serve.experiment_policy_of(p_route) ELSE p_policy END;
+  -- A caller may decide by a policy of its own (the loop: loop.decision_policy(tenant, route)).
+  pol := CASE WHEN p_policy.route IS NULL THEN serve.experiment_policy_of(p_tenant, p_route)
+              ELSE p_policy END;
   v_exp := coalesce(v_rt.experiment, v_rt.name);
-  v_prod := serve.current_prod(p_route);
+  v_prod := serve.current_prod(p_tenant, p_route);
   v_tau_rate := CASE WHEN pol.metric <> 'feedback_mean' THEN coalesce(pol.mixture_sd, 0.05) ELSE 0.05 END;
   v_tau_mean := CASE WHEN pol.metric = 'feedback_mean' THEN coalesce(pol.mixture_sd, 0.1) ELSE 0.1 END;
 
   FOR v_canary IN SELECT a.id FROM serve.adapter a
-                   WHERE a.route = p_route AND a.status = 'canary' ORDER BY a.id LOOP
+                   WHERE a.tenant_id = p_tenant AND a.route = p_route AND a.status = 'canary'
+                   ORDER BY a.id LOOP
     canary_id := v_canary;
     control_id := v_prod;
     decision := 'continue';
@@ -252,8 +253,8 @@ BEGIN
   END LOOP;
 END
 $$;
-COMMENT ON FUNCTION serve.canary_decision(text, serve.experiment_policy) IS
-  'Per canary of the route against its prod, by the always-valid mSPRT on the policy''s metric '
+COMMENT ON FUNCTION serve.canary_decision(int, text, serve.experiment_policy) IS
+  'Per canary of the tenant''s route against its prod, by the always-valid mSPRT on the policy''s metric '
   'over all the canary arm''s traffic since its first row: promote (significantly better, no '
   'guard broken), retire (significantly worse, a guard broken, or budget exhausted) or continue; '
   'code says why, reason in words, numbers the statistics (primary, guards, comparisons, '
@@ -268,8 +269,9 @@ COMMENT ON FUNCTION serve.canary_decision(text, serve.experiment_policy) IS
 --   continue  otherwise (insufficient_sample below min_n, watching).
 -- The baseline is historical (the old prod cannot serve beside the new one), so a change of
 -- traffic at the promotion is attributed to the adapter. numbers.restorable says whether
--- serve.rollback(route, reason) can restore the previous prod. Reads only.
-CREATE OR REPLACE FUNCTION serve.watch_decision(p_route text, p_window interval DEFAULT NULL,
+-- serve.rollback(tenant, route, reason) can restore the previous prod. Reads only.
+CREATE OR REPLACE FUNCTION serve.watch_decision(p_tenant int, p_route text,
+                                                p_window interval DEFAULT NULL,
                                                 p_policy serve.experiment_policy DEFAULT NULL)
 RETURNS TABLE (adapter_id text, previous_id text, decision text, code text, reason text,
                numbers jsonb)
@@ -290,13 +292,14 @@ DECLARE
   g          jsonb;
   v_n        bigint;
 BEGIN
-  SELECT * INTO v_rt FROM serve.route r WHERE r.name = p_route;
+  SELECT * INTO v_rt FROM serve.route r WHERE r.tenant_id = p_tenant AND r.name = p_route;
   IF NOT FOUND THEN
     RETURN;
   END IF;
-  pol := CASE WHEN p_policy.route IS NULL THEN serve.experiment_policy_of(p_route) ELSE p_policy END;
+  pol := CASE WHEN p_policy.route IS NULL THEN serve.experiment_policy_of(p_tenant, p_route)
+              ELSE p_policy END;
   v_window := coalesce(p_window, pol.watch_window);
-  v_prod := serve.current_prod(p_route);
+  v_prod := serve.current_prod(p_tenant, p_route);
   adapter_id := v_prod;
   decision := 'keep';
   numbers := jsonb_build_object('rule', 'msprt', 'window', v_window);
@@ -361,8 +364,8 @@ BEGIN
   RETURN NEXT;
 END
 $$;
-COMMENT ON FUNCTION serve.watch_decision(text, interval, serve.experiment_policy) IS
-  'The watch after a promotion: the route''s prod since its promoted_at against the prod it '
+COMMENT ON FUNCTION serve.watch_decision(int, text, interval, serve.experiment_policy) IS
+  'The watch after a promotion: the tenant''s route''s prod since its promoted_at against the prod it '
   'replaced (previous_prod_id) over the same length before, on the policy''s guards (always-valid '
   'mSPRT bounds against the margins), within window (default watch_window): rollback (a guard '
   'broken), keep (guards hold, window passed, or nothing to watch) or continue. Reads only: '

@@ -8,7 +8,7 @@
 -- traffic says. cft.reason carries the numbers into serve.adapter_event; serve.experiment_decision
 -- keeps them as data. Runs as the caller (privileges, row-level security and the audit's actor
 -- stay the caller's).
-CREATE OR REPLACE FUNCTION serve.experiment_autopolicy(p_route text)
+CREATE OR REPLACE FUNCTION serve.experiment_autopolicy(p_tenant int, p_route text)
 RETURNS SETOF serve.experiment_decision
 LANGUAGE plpgsql VOLATILE SET search_path = pg_catalog, public, pg_temp AS $$
 DECLARE
@@ -25,18 +25,18 @@ DECLARE
   v_last   record;
   d        serve.experiment_decision%ROWTYPE;
 BEGIN
-  SELECT * INTO pol FROM serve.experiment_policy p WHERE p.route = p_route;
+  SELECT * INTO pol FROM serve.experiment_policy p WHERE p.tenant_id = p_tenant AND p.route = p_route;
   IF NOT FOUND OR NOT pol.enabled THEN
     RETURN;
   END IF;
-  SELECT * INTO v_rt FROM serve.route r WHERE r.name = p_route;
+  SELECT * INTO v_rt FROM serve.route r WHERE r.tenant_id = p_tenant AND r.name = p_route;
   IF NOT FOUND THEN
     RETURN;
   END IF;
   v_exp := coalesce(v_rt.experiment, v_rt.name);
 
   -- The watch of a newly promoted prod comes first: a rollback changes what canaries compete with.
-  FOR w IN SELECT * FROM serve.watch_decision(p_route) LOOP
+  FOR w IN SELECT * FROM serve.watch_decision(p_tenant, p_route) LOOP
     CONTINUE WHEN w.code IN ('no_prod', 'no_previous_prod');
     v_action := 'hold';
     v_code := 'watch_' || w.code;
@@ -44,7 +44,7 @@ BEGIN
     IF w.decision = 'rollback' THEN
       IF pol.rollback_enabled THEN
         BEGIN
-          PERFORM serve.rollback(p_route, 'auto-policy ' || v_reason);
+          PERFORM serve.rollback(p_tenant, p_route, 'auto-policy ' || v_reason);
           v_action := 'rollback';
         EXCEPTION WHEN check_violation OR insufficient_privilege THEN
           v_action := 'blocked';
@@ -61,7 +61,7 @@ BEGIN
       'numbers', w.numbers || jsonb_build_object('decision', w.decision, 'watch', true));
   END LOOP;
 
-  FOR cd IN SELECT * FROM serve.canary_decision(p_route) LOOP
+  FOR cd IN SELECT * FROM serve.canary_decision(p_tenant, p_route) LOOP
     v_action := 'hold';
     v_code := cd.code;
     v_reason := cd.reason;
@@ -122,15 +122,16 @@ BEGIN
   END LOOP;
 END
 $$;
-COMMENT ON FUNCTION serve.experiment_autopolicy(text) IS
-  'Apply the route''s enabled serve.experiment_policy now: roll back a newly promoted prod that '
+COMMENT ON FUNCTION serve.experiment_autopolicy(int, text) IS
+  'Apply the tenant''s route''s enabled serve.experiment_policy now: roll back a newly promoted prod that '
   'breaks a guard (serve.watch_decision), then per canary act on serve.canary_decision (promote '
   'through the gate; retire on significantly_worse, guard_*, budget_exhausted). Always-valid '
   'tests: checking as often as you like keeps the error bound. Returns the decisions (id NULL = '
   'same as the last recorded one, not stored again).';
 
--- Every route with an enabled policy, for the worker.
-CREATE OR REPLACE FUNCTION serve.experiment_policy_routes() RETURNS SETOF text
-LANGUAGE sql STABLE AS $$
-  SELECT p.route FROM serve.experiment_policy p WHERE p.enabled ORDER BY p.route
+-- Every route with an enabled policy (tenant and name), for the worker.
+CREATE OR REPLACE FUNCTION serve.experiment_policy_routes()
+RETURNS TABLE (tenant_id int, route text) LANGUAGE sql STABLE AS $$
+  SELECT p.tenant_id, p.route FROM serve.experiment_policy p WHERE p.enabled
+   ORDER BY p.tenant_id, p.route
 $$;

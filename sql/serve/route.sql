@@ -1,6 +1,6 @@
 COMMENT ON COLUMN serve.route.name IS
-  'The route''s name, unique across tenants: what a call names (model or '
-  'X-Cft-Route), e.g. support-es.';
+  'The route''s name, unique within its tenant (another tenant may have a route of the same '
+  'name): what a call names (model or X-Cft-Route), e.g. support-es.';
 COMMENT ON COLUMN serve.route.tenant_id IS 'The tenant that owns the route.';
 COMMENT ON COLUMN serve.route.base_model IS
   'The base model the route serves: it answers when no adapter is prod or one '

@@ -1,7 +1,7 @@
 -- The evaluator: task suites per route, evaluation requests, and the default global policy.
 
 COMMENT ON COLUMN train.eval_suite.id IS
-  'The suite''s id (eval_result.suite_id); no '':'', so it never '
+  'The suite''s id (eval_result.suite_id), unique within its tenant; no '':'', so it never '
   'collides with heldout:<snapshot id>.';
 COMMENT ON COLUMN train.eval_suite.tenant_id IS 'The tenant that owns it.';
 COMMENT ON COLUMN train.eval_suite.route IS 'The route it scores; NULL: every route of the tenant.';
@@ -14,6 +14,7 @@ COMMENT ON COLUMN train.eval_suite.rubric IS
 COMMENT ON COLUMN train.eval_suite.created_at IS 'When the suite was created.';
 COMMENT ON COLUMN train.eval_case.id IS 'The case''s number (cases run in this order).';
 COMMENT ON COLUMN train.eval_case.suite_id IS 'The suite it belongs to.';
+COMMENT ON COLUMN train.eval_case.tenant_id IS 'The tenant of its suite.';
 COMMENT ON COLUMN train.eval_case.messages IS
   'The conversation the adapter answers (OpenAI chat messages).';
 COMMENT ON COLUMN train.eval_case.check_kind IS
@@ -49,8 +50,7 @@ CREATE POLICY read_all ON train.eval_suite FOR SELECT TO cft_dashboard, cft_rele
 ALTER TABLE train.eval_case ENABLE ROW LEVEL SECURITY;
 DROP POLICY IF EXISTS tenant_isolation ON train.eval_case;
 CREATE POLICY tenant_isolation ON train.eval_case TO cft_app
-  USING (EXISTS (SELECT 1 FROM train.eval_suite s WHERE s.id = suite_id))
-  WITH CHECK (EXISTS (SELECT 1 FROM train.eval_suite s WHERE s.id = suite_id));
+  USING (tenant_id = auth.current_tenant_id()) WITH CHECK (tenant_id = auth.current_tenant_id());
 DROP POLICY IF EXISTS read_all ON train.eval_case;
 CREATE POLICY read_all ON train.eval_case FOR SELECT TO cft_dashboard, cft_release USING (true);
 ALTER TABLE train.eval_request ENABLE ROW LEVEL SECURITY;

@@ -13,6 +13,7 @@ COMMENT ON COLUMN train.eval_calibration_case.author IS
   'Who added or last changed it, set by the database (train.current_author): '
   'key <id> (<prefix>, role <role>), evaluator <id> or sql role <role>.';
 COMMENT ON COLUMN train.eval_calibration_case.created_at IS 'When the case was added.';
+COMMENT ON COLUMN train.eval_calibration_case.tenant_id IS 'The tenant of its suite.';
 COMMENT ON COLUMN train.judge_calibration.id IS 'The calibration''s number.';
 COMMENT ON COLUMN train.judge_calibration.suite_id IS
   'The judge suite whose calibration set was judged.';
@@ -38,6 +39,7 @@ COMMENT ON COLUMN train.judge_calibration.author_role IS
 COMMENT ON COLUMN train.judge_calibration.author IS
   'Who ran it, for people (train.current_author).';
 COMMENT ON COLUMN train.judge_calibration.calibrated_at IS 'When it ran.';
+COMMENT ON COLUMN train.judge_calibration.tenant_id IS 'The tenant of its suite.';
 COMMENT ON COLUMN train.judge_verdict.calibration_id IS
   'The calibration run (train.judge_calibration.id).';
 COMMENT ON COLUMN train.judge_verdict.case_id IS
@@ -60,13 +62,13 @@ $$;
 CREATE OR REPLACE TRIGGER eval_calibration_case_author BEFORE INSERT OR UPDATE ON train.eval_calibration_case
   FOR EACH ROW EXECUTE FUNCTION train.calibration_case_author();
 
--- Record one judge's run over a suite's calibration set: p_verdicts is a JSON array of
--- {"case_id", "score" (0-10, null if unparsable), "reply"}, one per case of the set. The
--- agreement is computed here, from the stored human labels: accuracy p_o; kappa
+-- Record one judge's run over the calibration set of suite p_suite of tenant p_tenant: p_verdicts
+-- is a JSON array of {"case_id", "score" (0-10, null if unparsable), "reply"}, one per case of
+-- the set. The agreement is computed here, from the stored human labels: accuracy p_o; kappa
 -- (p_o - p_e) / (1 - p_e) with p_e = p_j p_h + (1 - p_j)(1 - p_h); bias p_j - p_h.
 -- Runs as the caller: only the owner (the evaluator, `cft worker eval --calibrate`) may insert.
 CREATE OR REPLACE FUNCTION train.record_judge_calibration(
-  p_suite text, p_judge_model text, p_rubric_version text, p_verdicts jsonb,
+  p_tenant int, p_suite text, p_judge_model text, p_rubric_version text, p_verdicts jsonb,
   p_threshold numeric DEFAULT 5)
 RETURNS train.judge_calibration LANGUAGE plpgsql SET search_path = pg_catalog, public, pg_temp AS $$
 DECLARE
@@ -76,7 +78,7 @@ DECLARE
   r       train.judge_calibration;
 BEGIN
   SELECT array_agg(id ORDER BY id) INTO v_cases
-    FROM train.eval_calibration_case WHERE suite_id = p_suite;
+    FROM train.eval_calibration_case WHERE tenant_id = p_tenant AND suite_id = p_suite;
   IF v_cases IS NULL THEN
     RAISE invalid_parameter_value USING
       MESSAGE = format('suite %s has no calibration set', p_suite);
@@ -88,9 +90,9 @@ BEGIN
       MESSAGE = format('a calibration judges every case of suite %s once: cases %s, verdicts %s',
                        p_suite, v_cases, v_given);
   END IF;
-  INSERT INTO train.judge_calibration (suite_id, judge_model, rubric_version, threshold, n,
-                                       author_role, author)
-  SELECT p_suite, p_judge_model, p_rubric_version, p_threshold, 0, a.author_role, a.author
+  INSERT INTO train.judge_calibration (tenant_id, suite_id, judge_model, rubric_version,
+                                       threshold, n, author_role, author)
+  SELECT p_tenant, p_suite, p_judge_model, p_rubric_version, p_threshold, 0, a.author_role, a.author
     FROM train.current_author() a
   RETURNING id INTO v_id;
   INSERT INTO train.judge_verdict (calibration_id, case_id, judge_score, judge_reply,
@@ -98,7 +100,8 @@ BEGIN
   SELECT v_id, c.id, (v->>'score')::numeric, v->>'reply',
          coalesce((v->>'score')::numeric >= p_threshold, false), c.human_label
     FROM jsonb_array_elements(p_verdicts) v
-    JOIN train.eval_calibration_case c ON c.id = (v->>'case_id')::bigint;
+    JOIN train.eval_calibration_case c ON c.id = (v->>'case_id')::bigint
+   WHERE c.tenant_id = p_tenant;
   WITH s AS (
     SELECT count(*)::int AS n, avg((judge_label = human_label)::int) AS po,
            avg(judge_label::int) AS pj, avg(human_label::int) AS ph
@@ -119,15 +122,14 @@ $$;
 ALTER TABLE train.eval_calibration_case ENABLE ROW LEVEL SECURITY;
 DROP POLICY IF EXISTS tenant_isolation ON train.eval_calibration_case;
 CREATE POLICY tenant_isolation ON train.eval_calibration_case TO cft_app
-  USING (EXISTS (SELECT 1 FROM train.eval_suite s WHERE s.id = suite_id))
-  WITH CHECK (EXISTS (SELECT 1 FROM train.eval_suite s WHERE s.id = suite_id));
+  USING (tenant_id = auth.current_tenant_id()) WITH CHECK (tenant_id = auth.current_tenant_id());
 DROP POLICY IF EXISTS read_all ON train.eval_calibration_case;
 CREATE POLICY read_all ON train.eval_calibration_case FOR SELECT TO cft_dashboard, cft_release
   USING (true);
 ALTER TABLE train.judge_calibration ENABLE ROW LEVEL SECURITY;
 DROP POLICY IF EXISTS tenant_isolation ON train.judge_calibration;
 CREATE POLICY tenant_isolation ON train.judge_calibration FOR SELECT TO cft_app
-  USING (EXISTS (SELECT 1 FROM train.eval_suite s WHERE s.id = suite_id));
+  USING (tenant_id = auth.current_tenant_id());
 DROP POLICY IF EXISTS read_all ON train.judge_calibration;
 CREATE POLICY read_all ON train.judge_calibration FOR SELECT TO cft_dashboard, cft_release
   USING (true);

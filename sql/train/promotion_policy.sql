@@ -24,3 +24,5 @@ COMMENT ON COLUMN train.promotion_policy.trusted_authors IS
 COMMENT ON COLUMN train.promotion_policy.min_judge_kappa IS
   'A judge-scored result counts only from a judge whose latest calibration on the suite has at '
   'least this Cohen''s kappa (default 0.6).';
+COMMENT ON COLUMN train.promotion_policy.tenant_id IS
+  'The tenant of the route; NULL for a rule of every route.';

@@ -75,10 +75,13 @@ def test_make_run_demo_the_loop_runs_itself(tmp_path: Path, models_dir: Path) ->
     try:
         with psycopg.connect(url, row_factory=dict_row) as c:
             row = c.execute(
-                "SELECT id, state, trigger, adapter_id FROM loop.cycle WHERE route = 'support'"
+                "SELECT id, tenant_id, state, trigger, adapter_id FROM loop.cycle"
+                " WHERE route = 'support'"
             ).fetchone()
             assert row and row["state"] == "promoted" and row["trigger"] == "volume"
-            prod = c.execute("SELECT serve.current_prod('support') AS id").fetchone()
+            prod = c.execute(
+                "SELECT serve.current_prod(%s, 'support') AS id", (row["tenant_id"],)
+            ).fetchone()
             assert prod and prod["id"] == row["adapter_id"] == cycle["adapter_id"]
             states = [
                 e["to_state"]

@@ -33,9 +33,9 @@ def world(conn):
     # the tests record scores over REST with a release key.
     for suite, metric, direction in (("tasks", "accuracy", "higher"), ("heldout", "loss", "lower")):
         conn.execute(
-            "INSERT INTO train.promotion_policy (route, suite_id, metric, direction,"
-            " trusted_authors) VALUES (%s, %s, %s, %s, '{evaluator,release,owner}')",
-            (r["name"], suite, metric, direction),
+            "INSERT INTO train.promotion_policy (tenant_id, route, suite_id, metric, direction,"
+            " trusted_authors) VALUES (%s, %s, %s, %s, %s, '{evaluator,release,owner}')",
+            (t["id"], r["name"], suite, metric, direction),
         )
     prod = make_adapter(conn, route=r, status="prod", traffic_pct=100)["id"]
     _result(conn, prod, "tasks", "accuracy", 0.8)

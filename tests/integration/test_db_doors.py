@@ -31,13 +31,15 @@ def as_alpha(conn: Any, world: dict[str, Any]) -> None:
 def test_current_prod_tells_a_tenant_nothing_of_another_tenants_route(conn, world):
     with conn.transaction():
         as_alpha(conn, world)
-        got = conn.execute("SELECT serve.current_prod(%s) AS p", (world["rb"]["name"],))
+        rb = (world["rb"]["tenant_id"], world["rb"]["name"])
+        got = conn.execute("SELECT serve.current_prod(%s, %s) AS p", rb)
         assert got.fetchone()["p"] is None
         got = conn.execute("SELECT serve.previous_prod(%s) AS p", (world["prod"]["id"],))
         assert got.fetchone()["p"] is None
     with conn.transaction():  # the release role reads every tenant, as before
         conn.execute("SET LOCAL ROLE cft_release")
-        got = conn.execute("SELECT serve.current_prod(%s) AS p", (world["rb"]["name"],))
+        rb = (world["rb"]["tenant_id"], world["rb"]["name"])
+        got = conn.execute("SELECT serve.current_prod(%s, %s) AS p", rb)
         assert got.fetchone()["p"] == world["prod"]["id"]
 
 
@@ -76,9 +78,9 @@ def test_a_key_cannot_take_a_global_rule_for_its_route(conn, world):
         assert seen["n"] >= 1  # still read by every tenant
         # Its own route's rules it still writes.
         conn.execute(
-            "INSERT INTO train.promotion_policy (route, suite_id, metric, direction)"
-            " VALUES (%s, 'house', 'pass_rate', 'higher')",
-            (world["ra"]["name"],),
+            "INSERT INTO train.promotion_policy (tenant_id, route, suite_id, metric, direction)"
+            " VALUES (%s, %s, 'house', 'pass_rate', 'higher')",
+            (world["alpha"]["id"], world["ra"]["name"]),
         )
     assert (
         conn.execute(

@@ -47,9 +47,9 @@ def world(conn: Any) -> dict[str, Any]:
     r = make_route(conn, tenant_id=t["id"])
     for suite, metric, direction in RULES:
         conn.execute(
-            "INSERT INTO train.promotion_policy (route, suite_id, metric, direction)"
-            " VALUES (%s, %s, %s, %s)",
-            (r["name"], suite, metric, direction),
+            "INSERT INTO train.promotion_policy (tenant_id, route, suite_id, metric, direction)"
+            " VALUES (%s, %s, %s, %s, %s)",
+            (t["id"], r["name"], suite, metric, direction),
         )
     prod = make_adapter(conn, route=r, status="prod", traffic_pct=100)["id"]
     _as_evaluator(conn, prod, "tasks", "accuracy", 0.8)

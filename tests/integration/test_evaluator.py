@@ -87,14 +87,15 @@ def world(conn: Any, settings: Settings, weights: dict[str, Path]) -> dict[str, 
         (f"short-{r['name']}", t["id"], r["name"]),
     )
     conn.execute(
-        "INSERT INTO train.eval_case (suite_id, messages, check_kind, expected, max_tokens)"
-        ' VALUES (%s, \'[{"role": "user", "content": "Say hi."}]\', \'max_length\', \'200\', 4)',
-        (f"short-{r['name']}",),
+        "INSERT INTO train.eval_case (tenant_id, suite_id, messages, check_kind, expected,"
+        ' max_tokens) VALUES (%s, %s, \'[{"role": "user", "content": "Say hi."}]\','
+        " 'max_length', '200', 4)",
+        (t["id"], f"short-{r['name']}"),
     )
     conn.execute(
-        "INSERT INTO train.promotion_policy (route, suite_id, metric, direction)"
-        " VALUES (%s, %s, 'pass_rate', 'higher')",
-        (r["name"], f"short-{r['name']}"),
+        "INSERT INTO train.promotion_policy (tenant_id, route, suite_id, metric, direction)"
+        " VALUES (%s, %s, %s, 'pass_rate', 'higher')",
+        (t["id"], r["name"], f"short-{r['name']}"),
     )
     return {"tenant": t, "route": r, "snap": snap, "suite": f"short-{r['name']}"}
 

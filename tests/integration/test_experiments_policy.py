@@ -14,9 +14,9 @@ def _world(conn: Any, *, p_canary: float, evals: bool) -> dict[str, Any]:
     prod = make_adapter(conn, route=route, status="prod", traffic_pct=100)
     canary = make_adapter(conn, route=route, status="canary", traffic_pct=20)
     conn.execute(
-        "INSERT INTO train.promotion_policy (route, suite_id, metric, direction, tolerance)"
-        " VALUES (%s, 'golden', 'accuracy', 'higher', 0.02)",
-        (route["name"],),
+        "INSERT INTO train.promotion_policy (tenant_id, route, suite_id, metric, direction,"
+        " tolerance) VALUES (%s, %s, 'golden', 'accuracy', 'higher', 0.02)",
+        (tenant["id"], route["name"]),
     )
     if evals:
         _record_evals(conn, prod["id"], canary["id"])
@@ -37,7 +37,12 @@ def _world(conn: Any, *, p_canary: float, evals: bool) -> dict[str, Any]:
         " VALUES (%s, %s, true, 'thumbs_up_rate', 0.05, 500)",
         (route["name"], tenant["id"]),
     )
-    return {"route": route["name"], "prod": prod["id"], "canary": canary["id"]}
+    return {
+        "tenant": tenant["id"],
+        "route": route["name"],
+        "prod": prod["id"],
+        "canary": canary["id"],
+    }
 
 
 def _record_evals(conn: Any, *ids: str) -> None:
@@ -50,8 +55,10 @@ def _record_evals(conn: Any, *ids: str) -> None:
         )
 
 
-def _run(conn: Any, route: str) -> list[dict[str, Any]]:
-    return conn.execute("SELECT * FROM serve.experiment_autopolicy(%s)", (route,)).fetchall()  # type: ignore[no-any-return]
+def _run(conn: Any, w: dict[str, Any]) -> list[dict[str, Any]]:
+    return conn.execute(  # type: ignore[no-any-return]
+        "SELECT * FROM serve.experiment_autopolicy(%s, %s)", (w["tenant"], w["route"])
+    ).fetchall()
 
 
 def _status(conn: Any, adapter_id: str) -> str:
@@ -62,20 +69,20 @@ def _status(conn: Any, adapter_id: str) -> str:
 
 def test_winning_canary_without_eval_results_is_not_promoted(conn: Any) -> None:
     w = _world(conn, p_canary=0.6, evals=False)
-    [d] = _run(conn, w["route"])
+    [d] = _run(conn, w)
     assert d["action"] == "blocked" and d["code"] == "gate_refused"
     assert "no eval results" in d["reason"]
     assert d["numbers"]["primary"]["significant"] is True
     assert _status(conn, w["canary"]) == "canary" and _status(conn, w["prod"]) == "prod"
     # The same verdict again is returned but not recorded twice.
-    [again] = _run(conn, w["route"])
+    [again] = _run(conn, w)
     assert again["action"] == "blocked" and again["id"] is None
     n = conn.execute("SELECT count(*) AS n FROM serve.experiment_decision").fetchone()["n"]
     assert n == 1
 
     # With eval results the gate lets it through; the audit carries the numbers.
     _record_evals(conn, w["prod"], w["canary"])
-    [d] = _run(conn, w["route"])
+    [d] = _run(conn, w)
     assert d["action"] == "promote" and d["id"] is not None
     assert _status(conn, w["canary"]) == "prod" and _status(conn, w["prod"]) == "retired"
     event = conn.execute(
@@ -93,7 +100,7 @@ def test_winning_canary_without_eval_results_is_not_promoted(conn: Any) -> None:
 
 def test_losing_canary_is_rolled_back_and_audited(conn: Any) -> None:
     w = _world(conn, p_canary=0.4, evals=True)
-    [d] = _run(conn, w["route"])
+    [d] = _run(conn, w)
     assert d["action"] == "rollback" and d["code"] == "significantly_worse"
     assert _status(conn, w["canary"]) == "retired" and _status(conn, w["prod"]) == "prod"
     reason = conn.execute(
@@ -105,14 +112,14 @@ def test_losing_canary_is_rolled_back_and_audited(conn: Any) -> None:
 
 def test_no_effect_holds_and_disabled_policy_does_nothing(conn: Any) -> None:
     w = _world(conn, p_canary=0.5, evals=True)
-    [d] = _run(conn, w["route"])
+    [d] = _run(conn, w)
     assert d["action"] == "hold" and d["code"] == "not_significant"
     assert _status(conn, w["canary"]) == "canary"
     conn.execute("UPDATE serve.experiment_policy SET min_n = 100000")
-    [d] = _run(conn, w["route"])
+    [d] = _run(conn, w)
     assert d["code"] == "insufficient_sample"
     conn.execute("UPDATE serve.experiment_policy SET enabled = false")
-    assert _run(conn, w["route"]) == []
+    assert _run(conn, w) == []
 
 
 def test_worker_pass_applies_enabled_policies(db_url: str, conn: Any) -> None:

@@ -28,9 +28,9 @@ def _world(conn: Any, *, evals: bool = True) -> dict[str, Any]:
     prod = make_adapter(conn, route=route, status="prod", traffic_pct=100)
     canary = make_adapter(conn, route=route, status="canary", traffic_pct=20)
     conn.execute(
-        "INSERT INTO train.promotion_policy (route, suite_id, metric, direction, tolerance)"
-        " VALUES (%s, 'golden', 'accuracy', 'higher', 0.02)",
-        (route["name"],),
+        "INSERT INTO train.promotion_policy (tenant_id, route, suite_id, metric, direction,"
+        " tolerance) VALUES (%s, %s, 'golden', 'accuracy', 'higher', 0.02)",
+        (tenant["id"], route["name"]),
     )
     if evals:
         _evals(conn, prod["id"], canary["id"])
@@ -79,8 +79,10 @@ def _status(conn: Any, adapter_id: str) -> str:
     return str(row["status"])
 
 
-def _autopolicy(conn: Any, route: str) -> list[dict[str, Any]]:
-    return conn.execute("SELECT * FROM serve.experiment_autopolicy(%s)", (route,)).fetchall()  # type: ignore[no-any-return]
+def _autopolicy(conn: Any, w: dict[str, Any]) -> list[dict[str, Any]]:
+    return conn.execute(  # type: ignore[no-any-return]
+        "SELECT * FROM serve.experiment_autopolicy(%s, %s)", (w["tenant"], w["route"])
+    ).fetchall()
 
 
 def test_sql_msprt_agrees_with_the_simulation_formula(conn: Any) -> None:
@@ -138,7 +140,7 @@ def test_no_promotion_on_an_early_peek_the_fixed_test_calls_significant(conn: An
         (w["route"],),
     ).fetchone()
     assert fixed["significant"] and fixed["p_value"] < 0.01  # a peeker would promote now
-    [d] = _autopolicy(conn, w["route"])
+    [d] = _autopolicy(conn, w)
     assert d["action"] == "hold" and d["code"] == "not_significant"
     assert d["numbers"]["primary"]["p_value"] > 0.05
     assert d["numbers"]["fixed_horizon"]["significant"] is True
@@ -147,7 +149,7 @@ def test_no_promotion_on_an_early_peek_the_fixed_test_calls_significant(conn: An
     # The same effect, four times the data: now the always-valid test decides.
     _exact(conn, w, w["prod"], "A", n=3000, up=1500)
     _exact(conn, w, w["canary"], "B", n=3000, up=1680)
-    [d] = _autopolicy(conn, w["route"])
+    [d] = _autopolicy(conn, w)
     assert d["action"] == "promote" and d["code"] == "promoted"
     assert d["numbers"]["primary"]["ci_low"] > 0
     assert _status(conn, w["canary"]) == "prod"
@@ -158,7 +160,9 @@ def test_a_guard_blocks_a_primary_metric_winner(conn: Any) -> None:
     _traffic(conn, w, w["prod"], "A", n=3000, p_up=0.5, p_regen=0.10, seed=0.3)
     _traffic(conn, w, w["canary"], "B", n=3000, p_up=0.6, p_regen=0.20, seed=0.4)
     conn.execute("UPDATE serve.experiment_policy SET rollback_enabled = false")
-    [c] = conn.execute("SELECT * FROM serve.canary_decision(%s)", (w["route"],)).fetchall()
+    [c] = conn.execute(
+        "SELECT * FROM serve.canary_decision(%s, %s)", (w["tenant"], w["route"])
+    ).fetchall()
     assert c["decision"] == "retire" and c["code"] == "guard_regen"
     assert c["numbers"]["primary"]["significant"] and c["numbers"]["primary"]["canary_better"]
     assert c["reason"].startswith("canary wins but guard regen broken: regen_rate")
@@ -166,18 +170,20 @@ def test_a_guard_blocks_a_primary_metric_winner(conn: Any) -> None:
     assert g["tripped"] and g["ci_low"] > g["margin"] == 0.02
     assert c["numbers"]["guards"]["tripped"] == ["regen"]
 
-    [d] = _autopolicy(conn, w["route"])  # rollback off: recorded, not acted on
+    [d] = _autopolicy(conn, w)  # rollback off: recorded, not acted on
     assert d["action"] == "hold" and d["code"] == "guard_regen"
     assert _status(conn, w["canary"]) == "canary"
     # NULL margin = guard off: the same winner would be promoted.
     conn.execute("UPDATE serve.experiment_policy SET guard_regen_margin = NULL")
-    [c] = conn.execute("SELECT * FROM serve.canary_decision(%s)", (w["route"],)).fetchall()
+    [c] = conn.execute(
+        "SELECT * FROM serve.canary_decision(%s, %s)", (w["tenant"], w["route"])
+    ).fetchall()
     assert c["decision"] == "promote" and "regen" not in c["numbers"]["guards"]["enabled"]
 
     conn.execute(
         "UPDATE serve.experiment_policy SET guard_regen_margin = 0.02, rollback_enabled = true"
     )
-    [d] = _autopolicy(conn, w["route"])
+    [d] = _autopolicy(conn, w)
     assert d["action"] == "rollback" and d["code"] == "guard_regen"
     assert _status(conn, w["canary"]) == "retired" and _status(conn, w["prod"]) == "prod"
 
@@ -190,20 +196,26 @@ def test_error_and_answer_length_guards(conn: Any) -> None:
         "UPDATE obs.inference_log SET status = 'partial' WHERE adapter_id = %s AND random() < 0.08",
         (w["canary"],),
     )
-    [c] = conn.execute("SELECT * FROM serve.canary_decision(%s)", (w["route"],)).fetchall()
+    [c] = conn.execute(
+        "SELECT * FROM serve.canary_decision(%s, %s)", (w["tenant"], w["route"])
+    ).fetchall()
     assert c["code"] == "guard_error" and "guard error broken: error_rate" in c["reason"]
     conn.execute(
         "UPDATE obs.inference_log SET status = 'ok', tokens_out = tokens_out * 2 WHERE adapter_id = %s",
         (w["canary"],),
     )
-    [c] = conn.execute("SELECT * FROM serve.canary_decision(%s)", (w["route"],)).fetchall()
+    [c] = conn.execute(
+        "SELECT * FROM serve.canary_decision(%s, %s)", (w["tenant"], w["route"])
+    ).fetchall()
     assert c["code"] == "guard_tokens_out" and "+" in c["reason"]
     # Shorter answers break no guard (a length limit may be what users want): one-sided.
     conn.execute(
         "UPDATE obs.inference_log SET tokens_out = tokens_out / 4 WHERE adapter_id = %s",
         (w["canary"],),
     )
-    [c] = conn.execute("SELECT * FROM serve.canary_decision(%s)", (w["route"],)).fetchall()
+    [c] = conn.execute(
+        "SELECT * FROM serve.canary_decision(%s, %s)", (w["tenant"], w["route"])
+    ).fetchall()
     assert "tokens_out" not in c["numbers"]["guards"]["tripped"], c["reason"]
     conn.execute(
         "UPDATE obs.inference_log SET tokens_out = tokens_out * 2 WHERE adapter_id = %s",
@@ -212,12 +224,16 @@ def test_error_and_answer_length_guards(conn: Any) -> None:
     conn.execute(
         "UPDATE obs.inference_log SET ttft_ms = ttft_ms * 2 WHERE adapter_id = %s", (w["canary"],)
     )
-    [c] = conn.execute("SELECT * FROM serve.canary_decision(%s)", (w["route"],)).fetchall()
+    [c] = conn.execute(
+        "SELECT * FROM serve.canary_decision(%s, %s)", (w["tenant"], w["route"])
+    ).fetchall()
     assert c["code"] == "guard_ttft_p95" and "prod p95 + 10 %" in c["reason"]
     conn.execute(
         "UPDATE obs.inference_log SET ttft_ms = ttft_ms / 2 WHERE adapter_id = %s", (w["canary"],)
     )
-    [c] = conn.execute("SELECT * FROM serve.canary_decision(%s)", (w["route"],)).fetchall()
+    [c] = conn.execute(
+        "SELECT * FROM serve.canary_decision(%s, %s)", (w["tenant"], w["route"])
+    ).fetchall()
     assert c["decision"] == "promote" and c["numbers"]["guards"]["tripped"] == []
 
 
@@ -225,15 +241,19 @@ def test_budget_retires_an_undecided_canary_and_defaults_apply_without_a_policy(
     w = _world(conn)
     _traffic(conn, w, w["prod"], "A", n=2000, p_up=0.5, seed=0.3)
     _traffic(conn, w, w["canary"], "B", n=2000, p_up=0.5, seed=0.4)
-    [c] = conn.execute("SELECT * FROM serve.canary_decision(%s)", (w["route"],)).fetchall()
+    [c] = conn.execute(
+        "SELECT * FROM serve.canary_decision(%s, %s)", (w["tenant"], w["route"])
+    ).fetchall()
     assert c["decision"] == "continue" and c["code"] == "not_significant"
     conn.execute("UPDATE serve.experiment_policy SET max_duration = interval '1 hour'")
-    [d] = _autopolicy(conn, w["route"])
+    [d] = _autopolicy(conn, w)
     assert d["action"] == "rollback" and d["code"] == "budget_exhausted"
     assert "time budget of 01:00:00 reached undecided" in d["reason"]
 
     conn.execute("DELETE FROM serve.experiment_policy")
-    pol = conn.execute("SELECT * FROM serve.experiment_policy_of(%s)", (w["route"],)).fetchone()
+    pol = conn.execute(
+        "SELECT * FROM serve.experiment_policy_of(%s, %s)", (w["tenant"], w["route"])
+    ).fetchone()
     assert pol["enabled"] is False and pol["tenant_id"] == w["tenant"]
     assert pol["guard_regen_margin"] == 0.02 and pol["min_n"] == 1000 and pol["alpha"] == 0.05
     assert str(pol["watch_window"]) == "3 days, 0:00:00"
@@ -264,12 +284,14 @@ def _promoted_world(conn: Any, *, new_partial: float) -> dict[str, Any]:
 
 def test_a_new_prod_that_breaks_a_guard_is_rolled_back(conn: Any) -> None:
     w = _promoted_world(conn, new_partial=0.06)
-    [wd] = conn.execute("SELECT * FROM serve.watch_decision(%s)", (w["route"],)).fetchall()
+    [wd] = conn.execute(
+        "SELECT * FROM serve.watch_decision(%s, %s)", (w["tenant"], w["route"])
+    ).fetchall()
     assert (wd["adapter_id"], wd["previous_id"]) == (w["canary"], w["prod"])
     assert wd["decision"] == "rollback" and wd["code"] == "guard_error"
     assert wd["numbers"]["restorable"] is True and wd["numbers"]["n_previous"] == 3000
 
-    [d] = _autopolicy(conn, w["route"])
+    [d] = _autopolicy(conn, w)
     assert d["action"] == "rollback" and d["code"] == "watch_guard_error"
     assert (d["canary_id"], d["control_id"]) == (w["canary"], w["prod"])
     assert _status(conn, w["canary"]) == "retired" and _status(conn, w["prod"]) == "prod"
@@ -282,15 +304,19 @@ def test_a_new_prod_that_breaks_a_guard_is_rolled_back(conn: Any) -> None:
 
 def test_a_healthy_new_prod_is_kept(conn: Any) -> None:
     w = _promoted_world(conn, new_partial=0.0)
-    [wd] = conn.execute("SELECT * FROM serve.watch_decision(%s)", (w["route"],)).fetchall()
+    [wd] = conn.execute(
+        "SELECT * FROM serve.watch_decision(%s, %s)", (w["tenant"], w["route"])
+    ).fetchall()
     assert wd["decision"] in ("continue", "keep") and wd["numbers"]["guards"]["tripped"] == []
     [wd] = conn.execute(
-        "SELECT * FROM serve.watch_decision(%s, interval '1 hour')", (w["route"],)
+        "SELECT * FROM serve.watch_decision(%s, %s, interval '1 hour')", (w["tenant"], w["route"])
     ).fetchall()
     assert wd["decision"] == "keep" and wd["code"] in ("window_passed", "guards_hold")
-    no_canary = conn.execute("SELECT * FROM serve.canary_decision(%s)", (w["route"],)).fetchall()
+    no_canary = conn.execute(
+        "SELECT * FROM serve.canary_decision(%s, %s)", (w["tenant"], w["route"])
+    ).fetchall()
     assert no_canary == []
-    [d] = _autopolicy(conn, w["route"])
+    [d] = _autopolicy(conn, w)
     assert d["action"] == "hold" and d["code"].startswith("watch_")
     assert _status(conn, w["canary"]) == "prod"
 
@@ -304,12 +330,16 @@ def test_a_route_served_by_its_bare_base_is_decided_against_the_base(conn: Any) 
     w = {"tenant": tenant["id"], "route": route["name"], "canary": canary["id"]}
     _exact(conn, w, route["base_model"], "A", n=1200, up=360)
     _exact(conn, w, canary["id"], "B", n=1200, up=900)
-    (d,) = conn.execute("SELECT * FROM serve.canary_decision(%s)", (route["name"],)).fetchall()
+    (d,) = conn.execute(
+        "SELECT * FROM serve.canary_decision(%s, %s)", (tenant["id"], route["name"])
+    ).fetchall()
     assert (d["control_id"], d["decision"]) == (route["base_model"], "promote"), d["reason"]
     assert d["code"] == "significantly_better"
     # Traffic of some other model as control is still refused.
     conn.execute("UPDATE obs.inference_log SET adapter_id = 'other' WHERE variant = 'A'")
-    (d,) = conn.execute("SELECT * FROM serve.canary_decision(%s)", (route["name"],)).fetchall()
+    (d,) = conn.execute(
+        "SELECT * FROM serve.canary_decision(%s, %s)", (tenant["id"], route["name"])
+    ).fetchall()
     assert d["code"] == "control_not_prod"
 
 
@@ -342,7 +372,9 @@ def test_another_tenants_experiment_of_the_same_name_stays_out_of_the_numbers(co
     )
     _exact(conn, intruder, "intruder-prod", "A", n=3000, up=100)
 
-    [c] = conn.execute("SELECT * FROM serve.canary_decision(%s)", (w["route"],)).fetchall()
+    [c] = conn.execute(
+        "SELECT * FROM serve.canary_decision(%s, %s)", (w["tenant"], w["route"])
+    ).fetchall()
     fixed = c["numbers"]["fixed_horizon"]
     assert (fixed["control_adapter"], fixed["n_control"]) == (w["prod"], 1000)
     mine = conn.execute(

@@ -194,7 +194,7 @@ def test_dropped_listen_connection_still_converges_and_recovers(world: World, en
     old = world.adapter(0, status="prod", pct=100, score=0.5)
     new = world.adapter(1, status="canary", pct=100, score=0.9)
     app = create_app(world.settings, db_url=world.db_url, engine_urls=[engine])
-    route = world.route["name"]
+    route = (world.route["tenant_id"], world.route["name"])
     with serve_app(app) as api:
         for adapter in (old, new):
             wait_until(
@@ -252,7 +252,7 @@ def test_dropped_listen_connection_still_converges_and_recovers(world: World, en
                 down.set()
                 k.join()
             # What the router decides from (its route table), polled every few ms.
-            while (state := table.get(route)) is None or state.prod != new:
+            while (state := table.get(*route)) is None or state.prod != new:
                 assert time.monotonic() - committed < ttl + 2, "never converged"
                 time.sleep(0.005)
             converged = time.monotonic() - committed
@@ -270,14 +270,14 @@ def test_dropped_listen_connection_still_converges_and_recovers(world: World, en
             wait_until(listener_back, timeout=15, what=f"listener back (killed {set(killed)})")
             resp = world.call(api, max_tokens=1)
             assert resp.headers["x-cft-adapter"] == new
-            assert table.get(route) is not None and table.peek(route)[0]  # cached, fresh
+            assert table.get(*route) is not None and table.peek(*route)[0]  # cached, fresh
             committed = time.monotonic()  # from issuing the commit (connect, commit, close)
             world.sql(
                 "UPDATE serve.adapter SET status = 'retired', traffic_pct = 0 WHERE id = %s", new
             )
             # The first NOTIFY of the route since LISTEN: the listener drops the route and reads
             # it again at once (later ones carry the state). Wait for the new state.
-            while (cached := table.peek(route))[0] and cached[1] and cached[1].prod == new:
+            while (cached := table.peek(*route))[0] and cached[1] and cached[1].prod == new:
                 assert time.monotonic() - committed < ttl / 2, "no NOTIFY after reconnect"
                 time.sleep(0.001)
             invalidated_ms = (time.monotonic() - committed) * 1000

@@ -13,10 +13,20 @@ from tests.support.factories import make_adapter, make_route, make_tenant
 
 
 def policy(conn, route, suite, metric, direction, tolerance=0.02, required=True):
+    """A rule of route (a route row), or a global one (route None)."""
     conn.execute(
-        "INSERT INTO train.promotion_policy (route, suite_id, metric, direction, tolerance, required)"
-        " VALUES (%s, %s, %s, %s, %s, %s)",
-        (route, suite, metric, direction, tolerance, required),
+        "INSERT INTO train.promotion_policy"
+        " (tenant_id, route, suite_id, metric, direction, tolerance, required)"
+        " VALUES (%s, %s, %s, %s, %s, %s, %s)",
+        (
+            route and route["tenant_id"],
+            route and route["name"],
+            suite,
+            metric,
+            direction,
+            tolerance,
+            required,
+        ),
     )
 
 
@@ -61,8 +71,8 @@ def world(conn):
     """A route with a policy (accuracy higher, loss lower), a prod and a candidate."""
     t = make_tenant(conn)
     r = make_route(conn, tenant_id=t["id"])
-    policy(conn, r["name"], "tasks", "accuracy", "higher")
-    policy(conn, r["name"], "heldout", "loss", "lower")
+    policy(conn, r, "tasks", "accuracy", "higher")
+    policy(conn, r, "heldout", "loss", "lower")
     prod = make_adapter(conn, route=r, status="prod", traffic_pct=100)
     result(conn, prod["id"], "tasks", "accuracy", 0.80)
     result(conn, prod["id"], "heldout", "loss", 1.50)
@@ -136,7 +146,7 @@ def test_gate_refuses_when_nothing_was_compared(conn, bare):
     # A suite the policy says to ignore is not compared either.
     result(conn, bare["prod"], "house-style", "pass_rate", 0.50)
     assert can(conn, bare["cand"], bare["prod"]) is True
-    policy(conn, bare["route"]["name"], "house-style", "pass_rate", "ignore", required=False)
+    policy(conn, bare["route"], "house-style", "pass_rate", "ignore", required=False)
     assert [w[:16] for w in reasons(conn, bare["cand"], bare["prod"])] == ["nothing compared"]
 
 
@@ -182,7 +192,7 @@ def test_regression_in_each_direction(conn, world, accuracy, loss, ok):
 def test_tolerance_is_relative_to_the_absolute_score_and_sane_at_zero(conn):
     t = make_tenant(conn)
     r = make_route(conn, tenant_id=t["id"])
-    policy(conn, r["name"], "reward", "margin", "higher", tolerance=0.1)
+    policy(conn, r, "reward", "margin", "higher", tolerance=0.1)
     prod = make_adapter(conn, route=r, status="prod", traffic_pct=100)["id"]
     a, b, c = (make_adapter(conn, route=r)["id"] for _ in range(3))
     result(conn, prod, "reward", "margin", -10)
@@ -251,14 +261,14 @@ def test_no_policy_compares_by_default_and_a_route_row_overrides_the_global_one(
     assert "default rule" in reasons(conn, cand, prod)[0]
     policy(conn, None, "s", "m", "higher")
     assert can(conn, cand, prod) is False
-    policy(conn, r["name"], "s", "m", "lower")
+    policy(conn, r, "s", "m", "lower")
     assert can(conn, cand, prod) is True
 
 
 def test_first_prod_still_needs_the_required_metrics(conn):
     t = make_tenant(conn)
     r = make_route(conn, tenant_id=t["id"])
-    policy(conn, r["name"], "heldout", "loss", "lower")
+    policy(conn, r, "heldout", "loss", "lower")
     cand = make_adapter(conn, route=r)["id"]
     result(conn, cand, "other", "x", 1)
     assert can(conn, cand, None) is False
@@ -445,7 +455,8 @@ def test_rollback_function_restores_the_previous_prod(conn, world):
     with conn.transaction():
         conn.execute("SET LOCAL ROLE cft_release")
         got = conn.execute(
-            "SELECT serve.rollback(%s, 'complaints up') AS id", (world["route"]["name"],)
+            "SELECT serve.rollback(%s, %s, 'complaints up') AS id",
+            (world["route"]["tenant_id"], world["route"]["name"]),
         ).fetchone()
     assert got["id"] == world["prod"]
     assert prods(conn, world["route"]["name"]) == [world["prod"]]
@@ -461,9 +472,15 @@ def test_rollback_function_restores_the_previous_prod(conn, world):
     assert all(e["reason"] == "complaints up" for e in ev)
     # The restored prod has nothing before it: a second rollback fails and changes nothing.
     with pytest.raises(psycopg.errors.CheckViolation, match="no previous prod"):
-        conn.execute("SELECT serve.rollback(%s, 'again')", (world["route"]["name"],))
+        conn.execute(
+            "SELECT serve.rollback(%s, %s, 'again')",
+            (world["route"]["tenant_id"], world["route"]["name"]),
+        )
     with pytest.raises(psycopg.errors.InvalidParameterValue):
-        conn.execute("SELECT serve.rollback(%s, '  ')", (world["route"]["name"],))
+        conn.execute(
+            "SELECT serve.rollback(%s, %s, '  ')",
+            (world["route"]["tenant_id"], world["route"]["name"]),
+        )
     assert prods(conn, world["route"]["name"]) == [world["prod"]]
 
 

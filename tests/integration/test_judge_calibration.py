@@ -251,10 +251,10 @@ def test_judge_calibration_is_stored_and_enforced(
         conn.execute("SELECT set_config('cft.tenant_id', %s, true)", (str(t["id"]),))
         # Verdicts for every case, so the refusal is the INSERT's (a forged perfect judge).
         conn.execute(
-            "SELECT train.record_judge_calibration(%s, 'j', 'v', (SELECT jsonb_agg(jsonb_build_object("
-            "'case_id', id, 'score', CASE WHEN human_label THEN 10 ELSE 0 END))"
+            "SELECT train.record_judge_calibration(%s, %s, 'j', 'v', (SELECT jsonb_agg("
+            "jsonb_build_object('case_id', id, 'score', CASE WHEN human_label THEN 10 ELSE 0 END))"
             " FROM train.eval_calibration_case WHERE suite_id = %s))",
-            (suite, suite),
+            (t["id"], suite, suite),
         )
 
 
@@ -274,15 +274,16 @@ def test_the_evaluator_calibrates_its_judge_once_then_judges(
     )
     for q, a, y in LABELLED[:4]:
         conn.execute(
-            "INSERT INTO train.eval_calibration_case (suite_id, messages, answer, human_label)"
-            " VALUES (%s, jsonb_build_array(jsonb_build_object('role', 'user', 'content', %s::text)),"
-            " %s, %s)",
-            (suite_id, q, a, y),
+            "INSERT INTO train.eval_calibration_case"
+            " (tenant_id, suite_id, messages, answer, human_label) VALUES (%s, %s,"
+            " jsonb_build_array(jsonb_build_object('role', 'user', 'content', %s::text)), %s, %s)",
+            (t["id"], suite_id, q, a, y),
         )
     conn.execute(
-        "INSERT INTO train.promotion_policy (route, suite_id, metric, direction, min_judge_kappa)"
-        " VALUES (%s, %s, 'judge_score', 'higher', -1)",
-        (route["name"], suite_id),
+        "INSERT INTO train.promotion_policy"
+        " (tenant_id, route, suite_id, metric, direction, min_judge_kappa)"
+        " VALUES (%s, %s, %s, 'judge_score', 'higher', -1)",
+        (t["id"], route["name"], suite_id),
     )
     suite = conn.execute("SELECT * FROM train.eval_suite WHERE id = %s", (suite_id,)).fetchone()
     cases = [{"messages": [{"role": "user", "content": "What is 2 + 2?"}], "max_tokens": 4}]

@@ -387,8 +387,8 @@ def test_an_evaluation_that_cannot_compute_fails_the_cycle_not_the_candidate(con
         c = drive(work, conn, c["id"])
     assert c["state"] == "failed" and c["decision"] is None, c
     assert "could not compute after 3 tries" in c["error"]
-    limits = {x["limit_name"]: x for x in conn.execute("SELECT * FROM loop.limits(%s)",
-                                                        (c["route"],))}  # fmt: skip
+    limits = {x["limit_name"]: x for x in conn.execute("SELECT * FROM loop.limits(%s, %s)",
+                                                        (c["tenant_id"], c["route"]))}  # fmt: skip
     assert not limits["cooldown_after_reject"]["blocking"]
 
 
@@ -418,7 +418,9 @@ def test_no_canary_without_an_offline_gain_and_every_setting_is_on_the_cycle(con
     ).fetchall()
     assert "canary" not in {s["new_status"] for s in statuses}
     assert (
-        conn.execute("SELECT serve.current_prod(%s) AS p", (r["name"],)).fetchone()["p"]
+        conn.execute(
+            "SELECT serve.current_prod(%s, %s) AS p", (r["tenant_id"], r["name"])
+        ).fetchone()["p"]
         == (prod["id"])
     )
 
@@ -436,6 +438,8 @@ def test_a_canary_whose_budget_runs_out_without_a_win_is_retired(conn, work):
     ), c
     assert "without a significant win" in c["decision_reason"]
     assert (
-        conn.execute("SELECT serve.current_prod(%s) AS p", (r["name"],)).fetchone()["p"]
+        conn.execute(
+            "SELECT serve.current_prod(%s, %s) AS p", (r["tenant_id"], r["name"])
+        ).fetchone()["p"]
         == (prod["id"])
     )

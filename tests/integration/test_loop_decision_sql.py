@@ -46,7 +46,9 @@ def test_the_loop_decides_on_the_acceptance_rate_by_default(conn):
     t = make_tenant(conn)
     r = make_route(conn, tenant_id=t["id"])
     set_policy(conn, r)
-    got = conn.execute("SELECT (loop.decision_policy(%s)).metric AS m", (r["name"],)).fetchone()
+    got = conn.execute(
+        "SELECT (loop.decision_policy(%s, %s)).metric AS m", (t["id"], r["name"])
+    ).fetchone()
     assert got["m"] == "acceptance_rate"
 
 
@@ -65,17 +67,17 @@ def test_the_ttft_guard_compares_two_adapters_never_an_adapter_with_the_base(con
         make_log(conn, tenant_id=t["id"], route=r["name"], adapter_id=cand["id"],
                  experiment=r["name"], variant="B", user_hash=user(f"b{i}"), fb_explicit=1,
                  ttft_ms=4720 + i)  # fmt: skip
-    policy = "loop.decision_policy(%(r)s)"
+    policy = "loop.decision_policy(%(t)s, %(r)s)"
     got = conn.execute(
         f"SELECT d.*, ({policy}).max_ttft_p95_increase AS ttft_margin"
-        f" FROM serve.canary_decision(%(r)s, {policy}) d",
-        {"r": r["name"]},
+        f" FROM serve.canary_decision(%(t)s, %(r)s, {policy}) d",
+        {"t": t["id"], "r": r["name"]},
     ).fetchone()
     assert got["ttft_margin"] is None
     assert (got["decision"], got["code"]) == ("promote", "significantly_better"), got["reason"]
     # With a prod adapter as the control, both arms carry the LoRA's cost: the guard applies.
     make_adapter(conn, route=r, status="prod", traffic_pct=100)
     margin = conn.execute(
-        f"SELECT ({policy}).max_ttft_p95_increase AS m", {"r": r["name"]}
+        f"SELECT ({policy}).max_ttft_p95_increase AS m", {"t": t["id"], "r": r["name"]}
     ).fetchone()
     assert margin["m"] == 0.1

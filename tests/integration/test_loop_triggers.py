@@ -47,20 +47,20 @@ def test_volume_fires_at_n_usable_examples_not_below(conn):
     edit(conn, t, r, "q2")  # same prompt: exact dedup counts it once
     edit(conn, t, r, "q3", pii_flags=1)  # PII: not usable
     refresh(conn)
-    v = trigger(conn, r["name"], "volume")
+    v = trigger(conn, r, "volume")
     assert (v["fired"], v["value"], v["threshold"]) == (False, 2, 3)
     assert v["line"].startswith("waiting: 2 of 3 usable examples that can teach")
     assert started(conn) == []
     edit(conn, t, r, "q4")
     refresh(conn)
-    v = trigger(conn, r["name"], "volume")
+    v = trigger(conn, r, "volume")
     assert (v["fired"], v["value"]) == (True, 3)
     (cycle,) = started(conn)
     assert cycle["trigger"] == "volume" and cycle["state"] == "triggered"
     assert cycle["trigger_values"]["triggers"]["volume"]["value"] == 3
     # After the cycle, only newer examples count.
     conn.execute("UPDATE loop.cycle SET state = 'failed' WHERE id = %s", (cycle["id"],))
-    assert trigger(conn, r["name"], "volume")["value"] == 0
+    assert trigger(conn, r, "volume")["value"] == 0
 
 
 def test_thumbs_down_alone_never_fire_the_volume_trigger(conn):
@@ -71,7 +71,7 @@ def test_thumbs_down_alone_never_fire_the_volume_trigger(conn):
         make_log(conn, tenant_id=t["id"], route=r["name"], fb_explicit=-1,
                  messages=[{"role": "user", "content": f"down {i}"}])  # fmt: skip
     refresh(conn)
-    v = trigger(conn, r["name"], "volume")
+    v = trigger(conn, r, "volume")
     assert (v["fired"], v["value"]) == (False, 0)
     assert v["detail"]["thumbs_down"] == 30 and v["detail"]["desirable"] == 0
     assert started(conn) == []
@@ -80,7 +80,7 @@ def test_thumbs_down_alone_never_fire_the_volume_trigger(conn):
         make_log(conn, tenant_id=t["id"], route=r["name"], fb_explicit=1,
                  messages=[{"role": "user", "content": f"up {i}"}])  # fmt: skip
     refresh(conn)
-    v = trigger(conn, r["name"], "volume")
+    v = trigger(conn, r, "volume")
     assert (v["fired"], v["value"]) == (True, 3)
     assert (v["detail"]["edits"], v["detail"]["thumbs_up"]) == (1, 2)
 
@@ -90,7 +90,7 @@ def test_volume_needs_consent(conn):
     edit(conn, t, r, "q1")
     refresh(conn)
     conn.execute("UPDATE tenant SET consent_training = false WHERE id = %s", (t["id"],))
-    assert trigger(conn, r["name"], "volume")["value"] == 0
+    assert trigger(conn, r, "volume")["value"] == 0
 
 
 def test_schedule_fires_after_max_interval_not_before(conn):
@@ -100,10 +100,10 @@ def test_schedule_fires_after_max_interval_not_before(conn):
         " VALUES (%s, %s, 'manual', 'promoted', now() - interval '59 minutes')",
         (t["id"], r["name"]),
     )
-    s = trigger(conn, r["name"], "schedule")
+    s = trigger(conn, r, "schedule")
     assert not s["fired"] and s["line"].startswith("waiting")
     conn.execute("UPDATE loop.cycle SET created_at = now() - interval '61 minutes'")
-    assert trigger(conn, r["name"], "schedule")["fired"]
+    assert trigger(conn, r, "schedule")["fired"]
     (cycle,) = started(conn)
     assert cycle["trigger"] == "schedule"
 
@@ -121,11 +121,11 @@ def test_decline_fires_on_a_significant_drop_with_enough_rows(conn):
     conn.execute("UPDATE serve.adapter SET promoted_at = %s WHERE id = %s", (promoted, prod["id"]))
     _thumbs(conn, t, r, prod["id"], promoted + timedelta(hours=1), 32, 7)  # 39 rated: below min_n
     _thumbs(conn, t, r, prod["id"], datetime.now(UTC) - timedelta(hours=1), 15, 24)
-    d = trigger(conn, r["name"], "decline")
+    d = trigger(conn, r, "decline")
     assert not d["fired"] and "40 each needed" in d["line"]
     _thumbs(conn, t, r, prod["id"], promoted + timedelta(hours=1), 1, 0)  # 40 after promotion
     _thumbs(conn, t, r, prod["id"], datetime.now(UTC) - timedelta(hours=1), 1, 0)
-    d = trigger(conn, r["name"], "decline")
+    d = trigger(conn, r, "decline")
     assert d["fired"], d["line"]
     assert d["detail"]["p_value"] < 0.01 and d["value"] < d["threshold"]
     (cycle,) = started(conn)
@@ -139,7 +139,7 @@ def test_decline_does_not_fire_on_a_steady_rate(conn):
     conn.execute("UPDATE serve.adapter SET promoted_at = %s WHERE id = %s", (promoted, prod["id"]))
     _thumbs(conn, t, r, prod["id"], promoted + timedelta(hours=1), 30, 10)
     _thumbs(conn, t, r, prod["id"], datetime.now(UTC) - timedelta(hours=1), 28, 12)
-    d = trigger(conn, r["name"], "decline")
+    d = trigger(conn, r, "decline")
     assert not d["fired"] and d["line"].startswith("steady")
 
 
@@ -174,14 +174,14 @@ def _drift_world(conn: Any, far: int, near: int) -> tuple[Any, Any]:
 
 def test_drift_fires_at_its_share_not_below(conn):
     _, r = _drift_world(conn, far=2, near=8)
-    d = trigger(conn, r["name"], "drift")
+    d = trigger(conn, r, "drift")
     assert (d["fired"], d["value"]) == (False, 0.2)
     assert d["detail"]["training_prompts"] == 3 and d["detail"]["recent_prompts"] == 10
 
 
 def test_drift_fires_when_the_share_is_reached(conn):
     _, r = _drift_world(conn, far=3, near=7)
-    d = trigger(conn, r["name"], "drift")
+    d = trigger(conn, r, "drift")
     assert (d["fired"], d["value"]) == (True, 0.3), d["line"]
     (cycle,) = started(conn)
     assert cycle["trigger"] == "drift"
@@ -189,14 +189,14 @@ def test_drift_fires_when_the_share_is_reached(conn):
 
 def test_drift_needs_min_n_recent_prompts(conn):
     _, r = _drift_world(conn, far=9, near=0)
-    d = trigger(conn, r["name"], "drift")
+    d = trigger(conn, r, "drift")
     assert not d["fired"] and d["line"].startswith("waiting: 9 of 10")
 
 
 def test_forget_fires_on_a_tainted_prod_and_skips_the_interval(conn):
     t, r = world(conn, min_new_examples=1000, min_interval=timedelta(days=1))
     prod = make_adapter(conn, route=r, status="prod", traffic_pct=100)
-    assert not trigger(conn, r["name"], "forget")["fired"]
+    assert not trigger(conn, r, "forget")["fired"]
     conn.execute(
         "INSERT INTO loop.cycle (tenant_id, route, trigger, state) VALUES (%s, %s, 'manual', 'promoted')",
         (t["id"], r["name"]),
@@ -206,7 +206,7 @@ def test_forget_fires_on_a_tainted_prod_and_skips_the_interval(conn):
         " tainted_reason = 'built from rows of a forgotten user (forget request 7)' WHERE id = %s",
         (prod["id"],),
     )
-    f = trigger(conn, r["name"], "forget")
+    f = trigger(conn, r, "forget")
     assert f["fired"] and f["detail"]["forget_request_id"] == 7
     (cycle,) = started(conn)  # min_interval (1 day) does not hold a forget cycle
     assert cycle["trigger"] == "forget" and cycle["forget_request_id"] == 7
@@ -215,6 +215,7 @@ def test_forget_fires_on_a_tainted_prod_and_skips_the_interval(conn):
 def test_pause_kill_switch_and_limits_hold_new_cycles(conn):
     t, r = world(conn, min_new_examples=1, min_interval=timedelta(0), max_cycles_per_day=2,
                  cooldown_after_reject=timedelta(hours=1))  # fmt: skip
+    key = (t["id"], r["name"])
     edit(conn, t, r, "q1")
     refresh(conn)
     conn.execute("UPDATE loop.policy SET paused = true, paused_reason = 'holiday'")
@@ -222,7 +223,7 @@ def test_pause_kill_switch_and_limits_hold_new_cycles(conn):
     conn.execute("UPDATE loop.policy SET paused = false")
     conn.execute("SELECT loop.set_control(true, 'incident 42', 'ops')")
     assert started(conn) == []
-    lim = {x["limit_name"]: x for x in conn.execute("SELECT * FROM loop.limits(%s)", (r["name"],))}
+    lim = {x["limit_name"]: x for x in conn.execute("SELECT * FROM loop.limits(%s, %s)", key)}
     assert lim["kill_switch"]["blocking"] and "incident 42" in lim["kill_switch"]["line"]
     conn.execute("SELECT loop.set_control(false, NULL, 'ops')")
     (first,) = started(conn)
@@ -230,7 +231,7 @@ def test_pause_kill_switch_and_limits_hold_new_cycles(conn):
     conn.execute("UPDATE loop.cycle SET state = 'rejected', finished_at = now() WHERE id = %s",
                  (first["id"],))  # fmt: skip
     assert started(conn) == []  # cool-down after a rejection
-    lim = {x["limit_name"]: x for x in conn.execute("SELECT * FROM loop.limits(%s)", (r["name"],))}
+    lim = {x["limit_name"]: x for x in conn.execute("SELECT * FROM loop.limits(%s, %s)", key)}
     assert lim["cooldown_after_reject"]["blocking"]
     conn.execute("UPDATE loop.cycle SET finished_at = now() - interval '2 hours'")
     edit(conn, t, r, "q2")  # new since the first cycle
@@ -240,7 +241,7 @@ def test_pause_kill_switch_and_limits_hold_new_cycles(conn):
     edit(conn, t, r, "q3")
     refresh(conn)
     assert started(conn) == []  # two cycles today: max_cycles_per_day
-    lim = {x["limit_name"]: x for x in conn.execute("SELECT * FROM loop.limits(%s)", (r["name"],))}
+    lim = {x["limit_name"]: x for x in conn.execute("SELECT * FROM loop.limits(%s, %s)", key)}
     assert lim["max_cycles_per_day"]["blocking"]
 
 
@@ -296,7 +297,7 @@ def test_tenants_see_only_their_loop(conn):
         assert conn.execute("SELECT count(*) AS n FROM loop.policy").fetchone()["n"] == 0
         try:
             with conn.transaction():
-                conn.execute("SELECT * FROM loop.triggers(%s)", (r["name"],))
+                conn.execute("SELECT * FROM loop.triggers(%s, %s)", (r["tenant_id"], r["name"]))
             raise AssertionError("another tenant's triggers were readable")
         except psycopg.errors.NoDataFound:
             pass

@@ -261,7 +261,11 @@ def test_a_table_changes_by_a_migration_and_its_state_file(new_db, tmp_path, pg_
     )
     route = sql / "state/serve/route.sql"
     _edit(route, "  experiment  text,", "  experiment  varchar(200),")
-    _edit(route, "  UNIQUE (name, tenant_id)", "  note        text,\n  UNIQUE (name, tenant_id)")
+    _edit(
+        route,
+        "  PRIMARY KEY (tenant_id, name)",
+        "  note        text,\n  PRIMARY KEY (tenant_id, name)",
+    )
     (sql / "serve/route.sql").write_text(
         (sql / "serve/route.sql").read_text() + "COMMENT ON COLUMN serve.route.note IS 'A note.';\n"
     )

@@ -87,9 +87,9 @@ class World:
             self.route = make_route(c, tenant_id=self.tenant["id"], base_model=BASE)
             self.key = create_key(c, tenant_id=self.tenant["id"], role="client")
             c.execute(
-                "INSERT INTO train.promotion_policy (route, suite_id, metric, direction)"
-                " VALUES (%s, 'tasks', 'accuracy', 'higher')",
-                (self.route["name"],),
+                "INSERT INTO train.promotion_policy (tenant_id, route, suite_id, metric, direction)"
+                " VALUES (%s, %s, 'tasks', 'accuracy', 'higher')",
+                (self.route["tenant_id"], self.route["name"]),
             )
         self.settings = get_settings().model_copy(
             update={

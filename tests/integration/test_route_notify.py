@@ -25,9 +25,9 @@ def wait_for(what: str, ok: Callable[[], bool], timeout: float = 3.0) -> None:
         time.sleep(0.005)
 
 
-def cached(table: RouteTable, name: str) -> RouteState | None:
-    """The route's cached state (None when not cached); never reads."""
-    hit, state = table.peek(name)
+def cached(table: RouteTable, key: tuple[int, str]) -> RouteState | None:
+    """The route's (tenant id, name) cached state (None when not cached); never reads."""
+    hit, state = table.peek(*key)
     return state if hit else None
 
 
@@ -62,6 +62,7 @@ def table(db_url: str) -> Any:
 
 def test_payload_is_the_final_state_at_commit(db_url, conn, world):
     name = world["route"]["name"]
+    key = (world["route"]["tenant_id"], world["route"]["name"])
     with psycopg.connect(db_url, autocommit=True) as listener:
         listener.execute("LISTEN cft_route")
         with conn.transaction():
@@ -71,7 +72,8 @@ def test_payload_is_the_final_state_at_commit(db_url, conn, world):
         got = [json.loads(n.payload) for n in listener.notifies(timeout=2, stop_after=1)]
         got += [json.loads(n.payload) for n in listener.notifies(timeout=0.2)]
     assert got and all(p["route"] == name for p in got)
-    want = load_route(conn, name)
+    assert all(p["tenant_id"] == world["route"]["tenant_id"] for p in got)
+    want = load_route(conn, *key)
     for p in got:
         state = p["state"]
         assert state["experiment"] == "exp-2" and state["prod"] == world["prod"]["id"]
@@ -87,32 +89,34 @@ def test_payload_is_the_final_state_at_commit(db_url, conn, world):
 
 
 def test_a_change_is_applied_from_the_notify_without_a_read(monkeypatch, conn, world, table):
-    name, c1 = world["route"]["name"], world["c1"]
-    assert table.get(name) is not None
+    c1 = world["c1"]
+    key = (world["route"]["tenant_id"], world["route"]["name"])
+    assert table.get(*key) is not None
     # The first NOTIFY of a route since LISTEN is read (what came before it is unknown).
     set_pct(conn, c1, 11)
-    wait_for("first change cached", lambda: pcts(cached(table, name)).get(c1["id"]) == 11)
-    reads: list[str] = []
+    wait_for("first change cached", lambda: pcts(cached(table, key)).get(c1["id"]) == 11)
+    reads: list[tuple[int, str]] = []
     real_read = table._read
 
-    def counted(route: str, **kw: Any) -> RouteState | None:
+    def counted(route: tuple[int, str], **kw: Any) -> RouteState | None:
         reads.append(route)
         return real_read(route, **kw)
 
     monkeypatch.setattr(table, "_read", counted)
     set_pct(conn, c1, 12)
-    wait_for("second change cached", lambda: pcts(cached(table, name)).get(c1["id"]) == 12)
+    wait_for("second change cached", lambda: pcts(cached(table, key)).get(c1["id"]) == 12)
     conn.execute("UPDATE serve.adapter SET status = 'retired' WHERE id = %s", (c1["id"],))
-    wait_for("retired canary gone", lambda: c1["id"] not in pcts(cached(table, name)))
+    wait_for("retired canary gone", lambda: c1["id"] not in pcts(cached(table, key)))
     assert reads == []
-    assert cached(table, name) == load_route(conn, name)
+    assert cached(table, key) == load_route(conn, *key)
 
 
 def test_a_state_older_than_the_previous_change_is_read_not_applied(db_url, conn, world, table):
-    name, c1, c2 = world["route"]["name"], world["c1"], world["c2"]
-    assert table.get(name) is not None
+    c1, c2 = world["c1"], world["c2"]
+    key = (world["route"]["tenant_id"], world["route"]["name"])
+    assert table.get(*key) is not None
     set_pct(conn, c1, 11)
-    wait_for("first change cached", lambda: pcts(cached(table, name)).get(c1["id"]) == 11)
+    wait_for("first change cached", lambda: pcts(cached(table, key)).get(c1["id"]) == 11)
     with (
         psycopg.connect(db_url, autocommit=True) as listener,
         psycopg.connect(db_url) as old,
@@ -121,7 +125,7 @@ def test_a_state_older_than_the_previous_change_is_read_not_applied(db_url, conn
         old.execute("SET TRANSACTION ISOLATION LEVEL REPEATABLE READ")
         old.execute("SELECT 1")  # its snapshot, before the next change
         set_pct(conn, c1, 12)
-        wait_for("c1 at 12", lambda: pcts(cached(table, name)).get(c1["id"]) == 12)
+        wait_for("c1 at 12", lambda: pcts(cached(table, key)).get(c1["id"]) == 12)
         set_pct(old, c2, 15)
         old.commit()
         got = [json.loads(n.payload) for n in listener.notifies(timeout=2, stop_after=2)]
@@ -129,12 +133,13 @@ def test_a_state_older_than_the_previous_change_is_read_not_applied(db_url, conn
     stale = {c["id"]: c["traffic_pct"] for c in got[-1]["state"]["canaries"]}
     assert stale == {c1["id"]: "11.00", c2["id"]: "15.00"}
     # ... so the router read the route instead: both changes, and c1 never went back to 11.
-    wait_for("c2 at 15", lambda: pcts(cached(table, name)).get(c2["id"]) == 15)
-    assert pcts(cached(table, name)) == {c1["id"]: 12, c2["id"]: 15}
+    wait_for("c2 at 15", lambda: pcts(cached(table, key)).get(c2["id"]) == 15)
+    assert pcts(cached(table, key)) == {c1["id"]: 12, c2["id"]: 15}
 
 
 def test_a_lookup_takes_in_a_notify_before_the_listener_thread_runs(db_url, conn, world):
     name = world["route"]["name"]
+    key = (world["route"]["tenant_id"], world["route"]["name"])
     table = RouteTable(db_url, ttl=3600)  # no listener thread: only lookups take NOTIFYs in
     with (
         psycopg.connect(db_url, autocommit=True) as one,
@@ -147,19 +152,19 @@ def test_a_lookup_takes_in_a_notify_before_the_listener_thread_runs(db_url, conn
         for fd in table._fds:
             both.append(select.poll())
             both[-1].register(fd, select.POLLIN)
-        assert table.get(name) is not None
+        assert table.get(*key) is not None
         set_pct(conn, world["c1"], 11)  # the first NOTIFY since LISTEN: dropped, read
         assert all(p.poll(2000) for p in both)
-        assert table.lookup(name) == (False, None)
-        assert table._reloads.get_nowait() == name  # once, not once per connection
-        assert pcts(table.get(name))[world["c1"]["id"]] == 11
+        assert table.lookup(*key) == (False, None)
+        assert table._reloads.get_nowait() == key  # once, not once per connection
+        assert pcts(table.get(*key))[world["c1"]["id"]] == 11
         conn.execute("UPDATE serve.route SET experiment = 'exp-3' WHERE name = %s", (name,))
         assert all(p.poll(2000) for p in both)
-        hit, state = table.lookup(name)  # applied from the sockets by the lookup itself
+        hit, state = table.lookup(*key)  # applied from the sockets by the lookup itself
         assert hit and state is not None and state.experiment == "exp-3"
         set_pct(conn, world["c2"], 12)
-        wait_for("c2 at 12", lambda: pcts(table.lookup(name)[1]).get(world["c2"]["id"]) == 12)
+        wait_for("c2 at 12", lambda: pcts(table.lookup(*key)[1]).get(world["c2"]["id"]) == 12)
         time.sleep(0.1)  # the second copies arrive too
-        assert pcts(table.lookup(name)[1])[world["c2"]["id"]] == 12
+        assert pcts(table.lookup(*key)[1])[world["c2"]["id"]] == 12
         assert table._reloads.empty()  # the second copies were not taken for older states
         table._conns, table._fds = [], ()

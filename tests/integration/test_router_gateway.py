@@ -141,7 +141,8 @@ def test_canary_split_matches_sql_assignment(setup, models_dir, engine_url, tmp_
             u
             for u in users
             if c.execute(
-                "SELECT serve.assign_adapter(%s, %s)", (r["name"], user_hash(u, secret).hex())
+                "SELECT serve.assign_adapter(%s, %s, %s)",
+                (r["tenant_id"], r["name"], user_hash(u, secret).hex()),
             ).fetchone()[0]
             == canary_id
         )
@@ -169,7 +170,8 @@ def test_canary_split_matches_sql_assignment(setup, models_dir, engine_url, tmp_
             )
             assert resp.status_code == 200, resp.text
             expected = c.execute(
-                "SELECT serve.assign_adapter(%s, %s)", (r["name"], user_hash(user, secret).hex())
+                "SELECT serve.assign_adapter(%s, %s, %s)",
+                (r["tenant_id"], r["name"], user_hash(user, secret).hex()),
             ).fetchone()[0]
             assert resp.headers["x-cft-adapter"] == expected
             seen.add(resp.headers["x-cft-variant"])

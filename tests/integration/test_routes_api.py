@@ -39,7 +39,12 @@ def test_create_read_list_and_isolation(api):
     ] == ["support-es"]
     assert httpx.get(f"{base}/v1/routes/support-es", headers=h(keys["other"])).status_code == 404
     assert httpx.get(f"{base}/v1/routes", headers=h(keys["other"])).json() == []
-    dup = httpx.post(f"{base}/v1/routes", json={"name": "support-es"}, headers=h(keys["other"]))
+    # Names are unique per tenant: the other tenant gets a route of its own of that name ...
+    mine = httpx.post(f"{base}/v1/routes", json={"name": "support-es"}, headers=h(keys["other"]))
+    assert mine.status_code == 201, mine.text
+    assert mine.json()["tenant_id"] != r.json()["tenant_id"]
+    # ... and a second one of the same tenant is a 409.
+    dup = httpx.post(f"{base}/v1/routes", json={"name": "support-es"}, headers=h(keys["trainer"]))
     assert dup.status_code == 409 and "already exists" in dup.json()["error"]["message"]
 
 

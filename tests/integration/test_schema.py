@@ -136,9 +136,9 @@ def test_audit_trigger_records_raw_sql_update_with_actor(conn):
     a = make_adapter(conn, route=r, status="candidate")
     # The canary gate wants eval results for the policy's required metrics.
     conn.execute(
-        "INSERT INTO train.promotion_policy (route, suite_id, metric, direction)"
-        " VALUES (%s, 'heldout', 'loss', 'lower')",
-        (r["name"],),
+        "INSERT INTO train.promotion_policy (tenant_id, route, suite_id, metric, direction)"
+        " VALUES (%s, %s, 'heldout', 'loss', 'lower')",
+        (t["id"], r["name"]),
     )
     conn.execute(
         "INSERT INTO train.eval_result (adapter_id, suite_id, metric, score)"
@@ -229,11 +229,13 @@ def test_assign_adapter_sticky_and_exact_share(conn):
     # The share is exact: the bucket is md5-based and never negative (hashtext(x) % 100 is
     # negative for about half of all inputs, which would hand a 5 % canary ~55 % of users).
     rows = conn.execute(
-        "SELECT serve.assign_adapter(%s, 'user-' || g) AS a FROM generate_series(1, 20000) g",
-        (r["name"],),
+        "SELECT serve.assign_adapter(%s, %s, 'user-' || g) AS a FROM generate_series(1, 20000) g",
+        (t["id"], r["name"]),
     ).fetchall()
     share = sum(1 for x in rows if x["a"] == canary["id"]) / len(rows)
     assert 0.19 < share < 0.21
     assert {x["a"] for x in rows} == {prod["id"], canary["id"]}
-    again = conn.execute("SELECT serve.assign_adapter(%s, 'user-7') AS a", (r["name"],)).fetchone()
+    again = conn.execute(
+        "SELECT serve.assign_adapter(%s, %s, 'user-7') AS a", (t["id"], r["name"])
+    ).fetchone()
     assert again["a"] == rows[6]["a"]

@@ -169,8 +169,11 @@ def test_adapter_names_are_never_reused() -> None:
 
     rid = uuid.uuid4()
     now = datetime(2026, 1, 2, 3, 4, 5, tzinfo=UTC)
-    assert adapter_name("support-es", rid, 1, now) == f"support-es-20260102030405-{rid.hex[:8]}"
-    assert adapter_name("support-es", rid, 2, now) != adapter_name("support-es", rid, 1, now)
+    name = adapter_name(3, "support-es", rid, 1, now)
+    assert name == f"support-es-20260102030405-t3-{rid.hex[:8]}"
+    assert adapter_name(3, "support-es", rid, 2, now) != name
+    # Two tenants' routes of one name never share an adapter id (nor its artefact's path).
+    assert adapter_name(4, "support-es", rid, 1, now) != name
 
 
 def test_killed_worker_run_is_reclaimed(conn, db_url, tmp_path, models_dir) -> None:  # type: ignore[no-untyped-def]

@@ -19,15 +19,16 @@ def set_policy(conn: Any, route: dict[str, Any], **fields: Any) -> None:
     upd = ", ".join(f"{k} = EXCLUDED.{k}" for k in fields)
     conn.execute(
         f"INSERT INTO loop.policy (route, tenant_id, {cols}) VALUES (%(route)s, %(tenant)s, {vals})"
-        f" ON CONFLICT (route) DO UPDATE SET {upd}",
+        f" ON CONFLICT (tenant_id, route) DO UPDATE SET {upd}",
         {k: Jsonb(v) if isinstance(v, dict) else v for k, v in fields.items()}
         | {"route": route["name"], "tenant": route["tenant_id"]},
     )
 
 
-def trigger(conn: Any, route: str, name: str) -> dict[str, Any]:
-    """One trigger's row of loop.triggers(route)."""
-    rows = {r["trigger"]: r for r in conn.execute("SELECT * FROM loop.triggers(%s)", (route,))}
+def trigger(conn: Any, route: dict[str, Any], name: str) -> dict[str, Any]:
+    """One trigger's row of loop.triggers(tenant, route) (route: a serve.route row)."""
+    key = (route["tenant_id"], route["name"])
+    rows = {r["trigger"]: r for r in conn.execute("SELECT * FROM loop.triggers(%s, %s)", key)}
     return rows[name]  # type: ignore[no-any-return]
 
 

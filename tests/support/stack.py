@@ -44,9 +44,9 @@ class Stack:
             self.route = make_route(c, tenant_id=tenant["id"], base_model=base)
             self.key = create_key(c, tenant_id=tenant["id"], role="client")
             c.execute(
-                "INSERT INTO train.promotion_policy (route, suite_id, metric, direction)"
-                " VALUES (%s, 'tasks', 'accuracy', 'higher')",
-                (self.route["name"],),
+                "INSERT INTO train.promotion_policy (tenant_id, route, suite_id, metric, direction)"
+                " VALUES (%s, %s, 'tasks', 'accuracy', 'higher')",
+                (self.route["tenant_id"], self.route["name"]),
             )
         self.settings = get_settings().model_copy(
             update={

@@ -80,18 +80,18 @@ def populate(
         (suite, t["id"], suite, r["name"]),
     )
     conn.execute(
-        "INSERT INTO train.eval_case (suite_id, messages, check_kind, expected)"
-        " VALUES (%s, %s, 'contains', %s)",
-        (suite, Jsonb([{"role": "user", "content": "hi"}]), Jsonb("hello")),
+        "INSERT INTO train.eval_case (tenant_id, suite_id, messages, check_kind, expected)"
+        " VALUES (%s, %s, %s, 'contains', %s)",
+        (t["id"], suite, Jsonb([{"role": "user", "content": "hi"}]), Jsonb("hello")),
     )
     conn.execute(
         "INSERT INTO train.eval_request (tenant_id, adapter_id) VALUES (%s, %s)",
         (t["id"], adapters[1]["id"]),
     )
     conn.execute(
-        "INSERT INTO train.promotion_policy (route, suite_id, metric, direction)"
-        " VALUES (%s, 'tasks', 'accuracy', 'higher')",
-        (r["name"],),
+        "INSERT INTO train.promotion_policy (tenant_id, route, suite_id, metric, direction)"
+        " VALUES (%s, %s, 'tasks', 'accuracy', 'higher')",
+        (t["id"], r["name"]),
     )
     conn.execute(
         "INSERT INTO serve.experiment_policy (route, tenant_id) VALUES (%s, %s)",

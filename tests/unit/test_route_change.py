@@ -18,12 +18,14 @@ STATE = {
 
 
 def payload(**over: object) -> str:
-    return json.dumps({"route": "r", "xid": "105", "snapshot": "100:110:101,104"} | over)
+    return json.dumps(
+        {"tenant_id": 7, "route": "r", "xid": "105", "snapshot": "100:110:101,104"} | over
+    )
 
 
 def test_a_full_payload_carries_the_state():
     change = Change.parse(payload(state=STATE))
-    assert change.complete and change.route == "r" and change.xid == 105
+    assert change.complete and change.route == (7, "r") and change.xid == 105
     assert change.state is not None and change.state.prod == "r-v1"
     assert change.state.canaries[0].traffic_pct == Decimal("12.50")
 
@@ -33,9 +35,13 @@ def test_a_deleted_route_is_a_complete_change_to_none():
     assert change.complete and change.state is None
 
 
-def test_a_route_name_alone_or_garbage_means_read_it():
-    assert Change.parse('{"route": "r"}') == Change("r")  # too large for a NOTIFY
-    assert Change.parse("r") == Change("r")
+def test_a_route_alone_means_read_it_and_garbage_names_no_route():
+    # Too large for a NOTIFY: the tenant and the route, to read.
+    assert Change.parse('{"tenant_id": 7, "route": "r"}') == Change((7, "r"))
+    # A route is named by its tenant and its name (names are unique per tenant only): a
+    # payload without both says only that something changed.
+    assert Change.parse('{"route": "r"}') == Change(None)
+    assert Change.parse("r") == Change(None)
     assert not Change.parse("[1]").complete
 
 
@@ -46,4 +52,4 @@ def test_sees_follows_the_snapshot():
     assert not change.sees(101) and not change.sees(104)  # running at the snapshot
     assert not change.sees(110) and not change.sees(200)  # at or after xmax
     assert change.sees(105)  # its own transaction
-    assert not Change("r").sees(1)
+    assert not Change((7, "r")).sees(1)

@@ -23,6 +23,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         metavar="SUITE",
         help="run the judge on SUITE's calibration set, store its agreement, print it and exit",
     )
+    p.add_argument(
+        "--tenant",
+        help="with --calibrate: the suite's tenant (name or id), needed when several have SUITE",
+    )
 
 
 def run(args: argparse.Namespace) -> int:
@@ -41,7 +45,9 @@ def run(args: argparse.Namespace) -> int:
         s.url for s in parse_engine_urls(settings.engine_url_list) if kind_of(s.kind).vllm_api
     ]
     if args.calibrate:
-        return _calibrate(settings, database_url(settings), args.calibrate, args.worker_id)
+        return _calibrate(
+            settings, database_url(settings), args.calibrate, args.tenant, args.worker_id
+        )
     worker = Evaluator(
         EvalConfig(
             db_url=database_url(settings),
@@ -66,7 +72,7 @@ def run(args: argparse.Namespace) -> int:
     return 0
 
 
-def _calibrate(settings: Any, url: str, suite_id: str, worker_id: str) -> int:
+def _calibrate(settings: Any, url: str, suite_id: str, tenant: str | None, worker_id: str) -> int:
     from app.core.errors import CftError
     from app.evals import service as evals
     from workers.evaluator import judge
@@ -75,7 +81,8 @@ def _calibrate(settings: Any, url: str, suite_id: str, worker_id: str) -> int:
     cfg = EvalConfig(db_url=url, models_dir=settings.models_path, settings=settings)
     with connect(url, worker_id or cfg.worker_id) as conn, conn.transaction():
         try:
-            suite = evals.get_suite_or_raise(conn, suite_id=suite_id)
+            tenant_id = evals.suite_tenant(conn, suite_id=suite_id, tenant=tenant)
+            suite = evals.get_suite_or_raise(conn, tenant_id=tenant_id, suite_id=suite_id)
             cal = judge.calibrate(conn, settings, suite)
         except (CftError, ValueError) as exc:
             print(f"cannot calibrate: {exc}", file=sys.stderr)

@@ -107,7 +107,9 @@ def calibrate(
     conn: psycopg.Connection[Any], settings: Settings, suite: dict[str, Any]
 ) -> dict[str, Any]:
     """Run the judge on the suite's calibration set and store its agreement with people."""
-    cases = evals.calibration_cases(conn, suite_id=str(suite["id"]))
+    cases = evals.calibration_cases(
+        conn, tenant_id=int(suite["tenant_id"]), suite_id=str(suite["id"])
+    )
     if not cases:
         raise ValueError(f"suite {suite['id']} has no calibration set")
     rubric = rubric_of(settings, suite)
@@ -118,6 +120,7 @@ def calibrate(
             verdicts.append({"case_id": case["id"], "score": parse_score(reply), "reply": reply})
     return evals.record_calibration(
         conn,
+        tenant_id=int(suite["tenant_id"]),
         suite_id=str(suite["id"]),
         judge_model=judge.model,
         rubric_version=evals.rubric_version(rubric),
@@ -132,12 +135,15 @@ def ensure_calibrated(
     suite has no calibration set)."""
     found = evals.get_calibration(
         conn,
+        tenant_id=int(suite["tenant_id"]),
         suite_id=str(suite["id"]),
         judge_model=settings.eval_judge_model,
         rubric_version=evals.rubric_version(rubric_of(settings, suite)),
     )
     if found is not None:
         return found
-    if not evals.calibration_cases(conn, suite_id=str(suite["id"])):
+    if not evals.calibration_cases(
+        conn, tenant_id=int(suite["tenant_id"]), suite_id=str(suite["id"])
+    ):
         return None
     return calibrate(conn, settings, suite)

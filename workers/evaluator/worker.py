@@ -158,8 +158,9 @@ class Evaluator:
         if not cand["weights_uri"] or not cand["sha256"]:
             raise ValueError(f"adapter {adapter_id} has no verified weights to evaluate")
         prod = conn.execute(
-            "SELECT * FROM serve.adapter WHERE route = %s AND status = 'prod' AND id <> %s",
-            (cand["route"], adapter_id),
+            "SELECT * FROM serve.adapter WHERE tenant_id = %s AND route = %s AND status = 'prod'"
+            " AND id <> %s",
+            (cand["tenant_id"], cand["route"], adapter_id),
         ).fetchone()
         if prod is not None and (
             not prod["weights_uri"]
@@ -259,7 +260,8 @@ class Evaluator:
         results: dict[str, dict[str, dict[str, Any]]],
     ) -> None:
         cases = conn.execute(
-            "SELECT * FROM train.eval_case WHERE suite_id = %s ORDER BY id", (suite["id"],)
+            "SELECT * FROM train.eval_case WHERE tenant_id = %s AND suite_id = %s ORDER BY id",
+            (suite["tenant_id"], suite["id"]),
         ).fetchall()
         judge = suite["kind"] == "judge"
         settings = self.cfg.settings

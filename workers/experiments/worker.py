@@ -26,14 +26,15 @@ def run_once(url: str) -> int:
     with connect(url) as conn:
         routes = experiments.policy_routes(conn)
         conn.commit()
-        for route in routes:
+        for tenant_id, route in routes:
             try:
                 with conn.transaction():
-                    for d in experiments.run_policy(conn, route=route):
+                    for d in experiments.run_policy(conn, tenant_id=tenant_id, route=route):
                         if d["id"] is not None:
                             recorded += 1
                             log.info(
-                                "%s %s: %s %s (%s)",
+                                "%s/%s %s: %s %s (%s)",
+                                tenant_id,
                                 route,
                                 d["canary_id"],
                                 d["action"],
@@ -41,7 +42,7 @@ def run_once(url: str) -> int:
                                 d["reason"],
                             )
             except Exception:
-                log.exception("experiment policy of route %s failed", route)
+                log.exception("experiment policy of route %s/%s failed", tenant_id, route)
     return recorded
 
 

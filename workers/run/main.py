@@ -128,7 +128,9 @@ def _demo(
         sup.check()
         say(f"[cft] demo stopped: {exc}")
         return 1
-    report = collect(url, route=cfg.route, held_out_chats=run.held_out_chats)
+    report = collect(
+        url, tenant_id=run.tenant_id, route=cfg.route, held_out_chats=run.held_out_chats
+    )
     say(format_report(report, run.calls))
     say(f"[cft] demo finished in {time.time() - start:.0f} s")
     if args.report_json:

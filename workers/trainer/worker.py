@@ -92,10 +92,14 @@ def _interval(seconds: float) -> str:
     return f"{seconds} seconds"
 
 
-def adapter_name(route: str, run_id: uuid.UUID, attempt: int, now: datetime | None = None) -> str:
-    """A new, never reused engine name: <route>-<yyyymmddHHMMSS>-<short run id>[-a<attempt>]."""
+def adapter_name(
+    tenant_id: int, route: str, run_id: uuid.UUID, attempt: int, now: datetime | None = None
+) -> str:
+    """A new, never reused engine name (and artefact version):
+    <route>-<yyyymmddHHMMSS>-t<tenant id>-<short run id>[-a<attempt>]. Route names are unique per
+    tenant only: the tenant keeps two tenants' routes of one name from ever sharing an id."""
     stamp = (now or datetime.now(UTC)).strftime("%Y%m%d%H%M%S")
-    name = f"{route}-{stamp}-{run_id.hex[:8]}"
+    name = f"{route}-{stamp}-t{tenant_id}-{run_id.hex[:8]}"
     return name if attempt <= 1 else f"{name}-a{attempt}"
 
 
@@ -342,7 +346,7 @@ class Worker:
             raise LeaseLost("lease lost during training; not registering")
         if hb.cancelled:
             raise TrainingCancelled("cancel requested")
-        name = adapter_name(run["route"], run_id, int(run["attempts"]))
+        name = adapter_name(run["tenant_id"], run["route"], run_id, int(run["attempts"]))
         # Never register what the engines would refuse (NotLoadable: a ValueError, not retried).
         compat.check_or_raise(out, max_lora_rank=get_settings().engine_max_lora_rank)
         sha, _ = describe(out)

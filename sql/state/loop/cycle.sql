@@ -57,7 +57,7 @@ CREATE TABLE loop.cycle (
   FOREIGN KEY (route, tenant_id) REFERENCES serve.route (name, tenant_id) ON DELETE CASCADE
 );
 -- At most one cycle in flight per route (watching included: a new cycle waits for the watch).
-CREATE UNIQUE INDEX cycle_one_active_per_route ON loop.cycle (route)
+CREATE UNIQUE INDEX cycle_one_active_per_route ON loop.cycle (tenant_id, route)
   WHERE state NOT IN ('promoted', 'rejected', 'rolled_back', 'failed');
 CREATE INDEX cycle_route_created_idx ON loop.cycle (route, created_at);
 CREATE INDEX cycle_adapter_idx ON loop.cycle (adapter_id) WHERE adapter_id IS NOT NULL;

@@ -15,7 +15,7 @@ CREATE TABLE loop.control (
 INSERT INTO loop.control (id) VALUES (true);
 
 CREATE TABLE loop.policy (
-  route                   text PRIMARY KEY,
+  route                   text NOT NULL,
   tenant_id               int NOT NULL,
   enabled                 boolean NOT NULL DEFAULT false,
   paused                  boolean NOT NULL DEFAULT false,
@@ -53,5 +53,6 @@ CREATE TABLE loop.policy (
   updated_at              timestamptz NOT NULL DEFAULT now(),
   updated_by              text,
   min_offline_gain        float8 NOT NULL DEFAULT 0.05 CHECK (min_offline_gain >= 0 AND min_offline_gain <= 1),
-  FOREIGN KEY (route, tenant_id) REFERENCES serve.route (name, tenant_id) ON DELETE CASCADE
+  FOREIGN KEY (route, tenant_id) REFERENCES serve.route (name, tenant_id) ON DELETE CASCADE,
+  PRIMARY KEY (tenant_id, route)
 );

@@ -29,8 +29,9 @@ CREATE TABLE serve.adapter (
   CHECK (status <> 'prod' OR traffic_pct = 100),
   CHECK (status IN ('canary', 'prod') OR traffic_pct = 0)
 );
--- One prod per route.
-CREATE UNIQUE INDEX adapter_one_prod_per_route ON serve.adapter (route) WHERE status = 'prod';
+-- One prod per route (of a tenant).
+CREATE UNIQUE INDEX adapter_one_prod_per_route ON serve.adapter (tenant_id, route)
+  WHERE status = 'prod';
 CREATE INDEX adapter_route_status_idx ON serve.adapter (route, status);
 
 -- Every insert and status/traffic change of serve.adapter, written by a trigger.

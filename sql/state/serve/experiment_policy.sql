@@ -1,6 +1,6 @@
 -- Promotion from live traffic: per-route policy (off by default) and the audit of its decisions.
 CREATE TABLE serve.experiment_policy (
-  route                 text PRIMARY KEY,
+  route                 text NOT NULL,
   tenant_id             int NOT NULL,
   enabled               boolean NOT NULL DEFAULT false,
   metric                text NOT NULL DEFAULT 'feedback_mean'
@@ -23,7 +23,8 @@ CREATE TABLE serve.experiment_policy (
   guard_error_margin    float8 DEFAULT 0.01 CHECK (guard_error_margin >= 0),
   guard_tokens_out_margin float8 DEFAULT 0.25 CHECK (guard_tokens_out_margin >= 0),
   watch_window          interval NOT NULL DEFAULT '3 days' CHECK (watch_window > interval '0'),
-  FOREIGN KEY (route, tenant_id) REFERENCES serve.route (name, tenant_id) ON DELETE CASCADE
+  FOREIGN KEY (route, tenant_id) REFERENCES serve.route (name, tenant_id) ON DELETE CASCADE,
+  PRIMARY KEY (tenant_id, route)
 );
 
 CREATE TABLE serve.experiment_decision (

@@ -6,19 +6,21 @@
 
 CREATE TABLE train.eval_calibration_case (
   id          bigint GENERATED ALWAYS AS IDENTITY PRIMARY KEY,
-  suite_id    text NOT NULL REFERENCES train.eval_suite(id) ON DELETE CASCADE,
+  suite_id    text NOT NULL,
   messages    jsonb NOT NULL CHECK (jsonb_typeof(messages) = 'array'),
   answer      text NOT NULL,     -- the answer to the conversation that people judged
   human_label boolean NOT NULL,  -- people's verdict: acceptable under the rubric
   author      text NOT NULL,     -- who labelled it (set by the database, train.current_author)
-  created_at  timestamptz NOT NULL DEFAULT now()
+  created_at  timestamptz NOT NULL DEFAULT now(),
+  tenant_id   int NOT NULL,
+  FOREIGN KEY (tenant_id, suite_id) REFERENCES train.eval_suite (tenant_id, id) ON DELETE CASCADE
 );
 CREATE INDEX eval_calibration_case_suite_idx ON train.eval_calibration_case (suite_id, id);
 
 -- One run of one judge (model + rubric version) over a suite's whole calibration set.
 CREATE TABLE train.judge_calibration (
   id                  bigint GENERATED ALWAYS AS IDENTITY PRIMARY KEY,
-  suite_id            text NOT NULL REFERENCES train.eval_suite(id) ON DELETE CASCADE,
+  suite_id            text NOT NULL,
   judge_model         text NOT NULL,
   rubric_version      text NOT NULL,
   threshold           numeric NOT NULL,  -- a judge score >= threshold reads as "acceptable"
@@ -30,7 +32,9 @@ CREATE TABLE train.judge_calibration (
   human_positive_rate numeric,
   author_role         text NOT NULL,     -- who ran it (train.current_author)
   author              text NOT NULL,
-  calibrated_at       timestamptz NOT NULL DEFAULT now()
+  calibrated_at       timestamptz NOT NULL DEFAULT now(),
+  tenant_id           int NOT NULL,
+  FOREIGN KEY (tenant_id, suite_id) REFERENCES train.eval_suite (tenant_id, id) ON DELETE CASCADE
 );
 CREATE INDEX judge_calibration_judge_idx
   ON train.judge_calibration (suite_id, judge_model, rubric_version, calibrated_at DESC);
