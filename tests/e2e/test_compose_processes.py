@@ -30,7 +30,9 @@ def test_compose_stack_runs_as_processes(
 
     base = str(models_dir / "smollm2-135m-instruct")
     start = time.monotonic()
-    stack = smoke.Stack(tmp_path / "stack", base_model=base, say=say)
+    # The compose file's vllm service runs as itself: vLLM (its CPU build), with the service's
+    # flags and environment, so the chat at the end is served by vLLM with the promoted adapter.
+    stack = smoke.Stack(tmp_path / "stack", base_model=base, say=say, engine="vllm-cpu")
     with stack:
         try:
             result = smoke.run_loop(stack, say=say)
