@@ -92,6 +92,7 @@ def test_vllm_kind_load_route_refuse_unload(stack: Stack) -> None:
                 )
             assert got == {prod, "adapter_not_loaded"}
             stack.retire(prod)
+            stack.retire(big)
             wait_until(lambda: prod not in fake.loras, "unload")
             wait_until(lambda: stack.deployment(prod)["state"] == "unloaded", "unload recorded")
             assert stack.call(api).headers["x-cft-adapter"] == BASE

@@ -72,6 +72,10 @@ RETRY_FAILED_AFTER = 60.0
 # advisory lock (the others, in other API replicas, only read what the engines serve, and take
 # over at their next pass once the leader's connection is gone).
 LEADER_LOCK = 0x63667401
+# An adapter that left canary/prod is unloaded once it has been out this long: a router whose
+# route cache has not applied the change yet (NOTIFY's lag, another API replica) still finds it
+# loaded, rather than a 404 for a call it routed a moment before.
+UNLOAD_GRACE_S = 3.0
 
 
 @dataclass(frozen=True)
@@ -127,6 +131,8 @@ class Reconciler:
         self.passes = 0
         # True while the kept connection holds LEADER_LOCK.
         self.leader = False
+        # Adapters within UNLOAD_GRACE_S of leaving canary/prod (read each pass).
+        self._leaving: set[str] = set()
         self.last: PassReport | None = None
         self.ready = threading.Event()
 
@@ -143,6 +149,7 @@ class Reconciler:
                 if self.leader:
                     log.info("reconciler leads the fleet (loads and unloads for every engine)")
             desired = self._desired(conn)
+            self._leaving = self._recently_left(conn)
             for engine in self.engines:
                 if self.leader:
                     self._reconcile_engine(conn, engine, desired, report)
@@ -156,6 +163,16 @@ class Reconciler:
         self.last = report
         self.ready.set()
         return report
+
+    def _recently_left(self, conn: Connection) -> set[str]:
+        """Adapters out of canary/prod for less than UNLOAD_GRACE_S (kept loaded meanwhile); a
+        tainted one is not kept."""
+        rows = conn.execute(
+            "SELECT id FROM serve.adapter WHERE status NOT IN ('canary', 'prod')"
+            " AND tainted_at IS NULL AND updated_at > now() - make_interval(secs => %s)",
+            (UNLOAD_GRACE_S,),
+        ).fetchall()
+        return {r["id"] for r in rows}
 
     def _desired(self, conn: Connection) -> dict[str, Desired]:
         # The previous prod of each route stays loaded too, so a rollback is instant.
@@ -257,7 +274,7 @@ class Reconciler:
                 models.add(adapter.id)
                 engine.models = frozenset(models)
         for adapter_id, state in ours.items():
-            if state != "loaded" or adapter_id in desired:
+            if state != "loaded" or adapter_id in desired or adapter_id in self._leaving:
                 continue
             if adapter_id in models and not self._unload(engine, adapter_id):
                 continue
@@ -392,7 +409,7 @@ class Reconciler:
             staged.add(adapter.id)
             log.info("staged adapter %s for %s (loaded on first use)", adapter.id, engine.url)
         for adapter_id, state in ours.items():
-            if state == "loaded" and adapter_id not in desired:
+            if state == "loaded" and adapter_id not in desired and adapter_id not in self._leaving:
                 # An engine that took it on a call keeps it until told (vLLM's resolver).
                 if kind.unloads_staged and not self._unload(engine, adapter_id):
                     continue  # tried again next pass
@@ -509,7 +526,9 @@ class Reconciler:
                 if self._kick.is_set() or time.monotonic() >= due:
                     self._kick.clear()
                     self.run_once()
-                    due = time.monotonic() + self.interval
+                    # Adapters kept through their unload grace: a pass once it is over.
+                    wait = min(self.interval, UNLOAD_GRACE_S) if self._leaving else self.interval
+                    due = time.monotonic() + wait
                     continue
                 self._wait(conn, due - time.monotonic())
             except psycopg.Error as exc:
