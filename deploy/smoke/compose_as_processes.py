@@ -112,6 +112,7 @@ class Stack:
     pgdata: Path | None = None
     health: dict[str, str] = field(default_factory=dict)
     pg_sockets: Path | None = None
+    short_tmp: Path | None = None  # the vLLM-CPU service's TMPDIR (short: zmq IPC paths)
     project: compose.Project | None = None
     started_at: float = field(default_factory=time.monotonic)
 
@@ -323,6 +324,10 @@ class Stack:
         argv = [str(vllm_env.python(venv)), "-m", "vllm.entrypoints.openai.api_server"]
         env = self.env_of(svc) | _engine_env(svc)
         env |= {"VLLM_CPU_KVCACHE_SPACE": "1", "HF_HUB_OFFLINE": "1", "VLLM_NO_USAGE_STATS": "1"}
+        # vLLM's engine talks over zmq IPC sockets under TMPDIR, whose paths may not exceed 107
+        # bytes: a short folder of its own (the container's /tmp is short; a workdir may not be).
+        self.short_tmp = Path(tempfile.mkdtemp(prefix="cft-vllm-"))
+        env["TMPDIR"] = str(self.short_tmp)
         return [*argv, *self._argv(svc, svc.command)], env
 
     def _health_url(self, svc: compose.Service) -> str | None:
@@ -506,6 +511,8 @@ class Stack:
             embedded.stop(self.pgdata, mode="immediate")
         if self.pg_sockets is not None:
             shutil.rmtree(self.pg_sockets, ignore_errors=True)
+        if self.short_tmp is not None:
+            shutil.rmtree(self.short_tmp, ignore_errors=True)
 
     def __enter__(self) -> Stack:
         try:
