@@ -7,12 +7,14 @@ from contextlib import contextmanager
 from typing import Any
 
 import psycopg
+import psycopg.sql
 from psycopg.conninfo import conninfo_to_dict, make_conninfo
 from psycopg.rows import dict_row
 from psycopg_pool import ConnectionPool
 
 from app.core import embedded, migrations
 from app.core.config import Settings, get_settings
+from app.core.errors import BadRequest, NotFound
 
 Connection = psycopg.Connection[Any]
 Pool = ConnectionPool[Any]
@@ -52,6 +54,43 @@ def api_database_url(url: str, settings: Settings | None = None) -> str:
     if password:
         params["password"] = password
     return make_conninfo("", **params)
+
+
+def owning_tenant(
+    conn: Connection,
+    *,
+    table: str,
+    column: str,
+    value: str,
+    tenant: str | None,
+    missing: str,
+    shared: str,
+    code: str,
+) -> int:
+    """The tenant whose `table` row has `column` = value, for commands that see every tenant
+    (names are unique per tenant only): the tenant given (its name or id), else the only one
+    with such a row. NotFound (`missing`, and `code`) when there is none; BadRequest when
+    several tenants have one (`shared` names it) and none was given."""
+    schema, name = table.split(".")
+    query = psycopg.sql.SQL(
+        "SELECT x.tenant_id FROM {table} x JOIN tenant t ON t.id = x.tenant_id"
+        " WHERE x.{column} = %(value)s"
+        "   AND (%(tenant)s::text IS NULL OR t.name = %(tenant)s OR t.id::text = %(tenant)s)"
+        " ORDER BY x.tenant_id"
+    ).format(table=psycopg.sql.Identifier(schema, name), column=psycopg.sql.Identifier(column))
+    rows = (
+        conn.cursor(row_factory=dict_row)
+        .execute(query, {"value": value, "tenant": tenant})
+        .fetchall()
+    )
+    if not rows:
+        whose = f" for tenant {tenant!r}" if tenant else ""
+        raise NotFound(f"{missing}{whose}", code=code)
+    if len(rows) > 1:
+        raise BadRequest(
+            f"{len(rows)} tenants have {shared}: name one with --tenant", code="tenant_required"
+        )
+    return int(rows[0]["tenant_id"])
 
 
 def connect(url: str | None = None, *, autocommit: bool = False) -> Connection:

@@ -12,7 +12,7 @@ from psycopg import Connection
 from psycopg.rows import dict_row
 from psycopg.types.json import Jsonb
 
-from app.core.db import as_key
+from app.core.db import as_key, owning_tenant
 from app.core.errors import BadRequest, Conflict, NotFound
 
 # A judge's verdict on a calibration case reads as "acceptable" at this score or above (0-10).
@@ -109,26 +109,17 @@ def get_suite_or_raise(conn: Connection, *, tenant_id: int, suite_id: str) -> di
 
 
 def suite_tenant(conn: Connection, *, suite_id: str, tenant: str | None = None) -> int:
-    """The tenant of the suite suite_id, for commands that see every tenant: the tenant given
-    (its name or id), else the only one with a suite of that id. NotFound when there is no such
-    suite; BadRequest when several tenants have one and none was given."""
-    cur = conn.cursor(row_factory=dict_row)
-    rows = cur.execute(
-        "SELECT s.tenant_id FROM train.eval_suite s JOIN tenant t ON t.id = s.tenant_id"
-        " WHERE s.id = %(id)s"
-        "   AND (%(tenant)s::text IS NULL OR t.name = %(tenant)s OR t.id::text = %(tenant)s)"
-        " ORDER BY s.tenant_id",
-        {"id": suite_id, "tenant": tenant},
-    ).fetchall()
-    if not rows:
-        whose = f" for tenant {tenant!r}" if tenant else ""
-        raise NotFound(f"eval suite {suite_id!r} not found{whose}", code="suite_not_found")
-    if len(rows) > 1:
-        raise BadRequest(
-            f"{len(rows)} tenants have an eval suite {suite_id!r}: name one with --tenant",
-            code="tenant_required",
-        )
-    return int(rows[0]["tenant_id"])
+    """The tenant of the suite suite_id (app.core.db.owning_tenant)."""
+    return owning_tenant(
+        conn,
+        table="train.eval_suite",
+        column="id",
+        value=suite_id,
+        tenant=tenant,
+        missing=f"eval suite {suite_id!r} not found",
+        shared=f"an eval suite {suite_id!r}",
+        code="suite_not_found",
+    )
 
 
 _RATES = ("threshold", "accuracy", "kappa", "bias", "judge_positive_rate", "human_positive_rate")

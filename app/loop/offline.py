@@ -50,9 +50,9 @@ UNSCORED_BLOCKERS = (
 def _results(conn: Connection, adapter_id: str) -> dict[tuple[str, str], float | None]:
     """An adapter's results by trusted authors, per (suite, metric); None: not finite."""
     rows = conn.execute(
-        "SELECT DISTINCT ON (suite_id, metric) suite_id, metric, score FROM train.eval_result"
-        " WHERE adapter_id = %s AND author_role = ANY (train.default_trusted_authors())"
-        " ORDER BY suite_id, metric, judged_at DESC, id DESC",
+        # The counted result is a trusted author's whenever one has written any.
+        "SELECT suite_id, metric, score FROM train.eval_result_counted"
+        " WHERE adapter_id = %s AND author_role = ANY (train.default_trusted_authors())",
         (adapter_id,),
     ).fetchall()
     return {(r["suite_id"], r["metric"]): _finite(r["score"]) for r in rows}

@@ -6,8 +6,8 @@ from typing import Any
 
 import psycopg
 
-from app.core.db import Connection
-from app.core.errors import BadRequest, Conflict, NotFound, Unprocessable
+from app.core.db import Connection, owning_tenant
+from app.core.errors import BadRequest, Conflict, Unprocessable
 
 COLUMNS = "name, tenant_id, base_model, experiment, fallback, created_at"
 
@@ -63,25 +63,17 @@ def get_route(conn: Connection, *, name: str) -> dict[str, Any] | None:
 
 
 def route_tenant(conn: Connection, *, name: str, tenant: str | None = None) -> int:
-    """The tenant of the route called name, for commands that see every tenant: the tenant
-    given (its name or id), else the only one with a route of that name. NotFound when there is
-    no such route; BadRequest when several tenants have one and none was given."""
-    rows = conn.execute(
-        "SELECT r.tenant_id FROM serve.route r JOIN tenant t ON t.id = r.tenant_id"
-        " WHERE r.name = %(name)s"
-        "   AND (%(tenant)s::text IS NULL OR t.name = %(tenant)s OR t.id::text = %(tenant)s)"
-        " ORDER BY r.tenant_id",
-        {"name": name, "tenant": tenant},
-    ).fetchall()
-    if not rows:
-        whose = f" for tenant {tenant!r}" if tenant else ""
-        raise NotFound(f"no route named {name!r}{whose}", code="route_not_found")
-    if len(rows) > 1:
-        raise BadRequest(
-            f"{len(rows)} tenants have a route named {name!r}: name one with --tenant",
-            code="tenant_required",
-        )
-    return int(rows[0]["tenant_id"])
+    """The tenant of the route called name (app.core.db.owning_tenant)."""
+    return owning_tenant(
+        conn,
+        table="serve.route",
+        column="name",
+        value=name,
+        tenant=tenant,
+        missing=f"no route named {name!r}",
+        shared=f"a route named {name!r}",
+        code="route_not_found",
+    )
 
 
 def list_routes(conn: Connection) -> list[dict[str, Any]]:

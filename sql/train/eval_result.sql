@@ -58,12 +58,12 @@ LANGUAGE sql STABLE SET search_path = pg_catalog, public, pg_temp AS $$
    LIMIT 1
 $$;
 
--- Per adapter, suite and metric, the result that counts under the default trusted authors.
+-- Per adapter, suite and metric, the result that counts under the default trusted authors
+-- (train.counted_result's rule, applied to every key that has a result).
 CREATE OR REPLACE VIEW train.eval_result_counted WITH (security_invoker = true) AS
-SELECT DISTINCT ON (r.adapter_id, r.suite_id, r.metric) r.*
-  FROM train.eval_result r
- ORDER BY r.adapter_id, r.suite_id, r.metric,
-          (r.author_role = ANY (train.default_trusted_authors())) DESC, r.judged_at DESC, r.id DESC;
+SELECT c.*
+  FROM (SELECT DISTINCT r.adapter_id, r.suite_id, r.metric FROM train.eval_result r) k
+  CROSS JOIN LATERAL train.counted_result(k.adapter_id, k.suite_id, k.metric) c;
 COMMENT ON VIEW train.eval_result_counted IS
   'Per adapter, suite and metric, the result that counts: the newest by a default trusted author'
   ' (train.default_trusted_authors), else the newest.';
