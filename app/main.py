@@ -8,29 +8,29 @@ from contextlib import asynccontextmanager
 from fastapi import FastAPI
 
 from app import __version__, health
-from app.adapters import router as adapters_router
+from app.adapters import api as adapters_api
 from app.core import errors
 from app.core.config import Settings, get_settings
 from app.core.db import api_database_url, database_url, make_pool
 from app.core.limits import BodyLimitMiddleware
 from app.core.metrics import MetricsMiddleware, serve_metrics
 from app.core.ratelimit import RateLimits
-from app.dashboard import router as dashboard_router
+from app.dashboard import api as dashboard_api
 from app.dashboard.layout import DashboardHeaders
-from app.datasets import router as datasets_router
-from app.evals import router as evals_router
-from app.experiments import router as experiments_router
+from app.datasets import api as datasets_api
+from app.evals import api as evals_api
+from app.experiments import api as experiments_api
+from app.gateway import api as gateway_api
 from app.gateway import fastpath
-from app.gateway import router as gateway_router
 from app.gateway import service as gateway
 from app.gateway.service import ReconcilerFactory
-from app.logs import router as logs_router
-from app.loop import router as loop_router
-from app.otel import router as otel_router
-from app.privacy import router as privacy_router
-from app.routes import router as routes_router
-from app.tenants import router as tenants_router
-from app.training import router as training_router
+from app.logs import api as logs_api
+from app.loop import api as loop_api
+from app.otel import api as otel_api
+from app.privacy import api as privacy_api
+from app.routes import api as routes_api
+from app.tenants import api as tenants_api
+from app.training import api as training_api
 
 
 def create_app(
@@ -43,7 +43,7 @@ def create_app(
     """Build the application; the pool (and the router, given engines) start with it.
 
     reconciler: what runs beside the router to load adapters into its engines; the API
-    process passes workers.reconciler's (workers/api.py). Without one, adapters are loaded by
+    process passes workers.reconciler's (cft/serve.py). Without one, adapters are loaded by
     a `cft worker reconcile` elsewhere.
     """
     settings = settings or get_settings()
@@ -93,28 +93,28 @@ def create_app(
         bad_key_ttl=settings.router_key_cache_ttl,
     )
     # The gateway first: routes are matched in order, and its calls are the hot path.
-    app.include_router(gateway_router.router)
+    app.include_router(gateway_api.router)
     app.include_router(health.router)
-    app.include_router(adapters_router.router)
-    app.include_router(datasets_router.router)
-    app.include_router(logs_router.router)
-    app.include_router(otel_router.router)
+    app.include_router(adapters_api.router)
+    app.include_router(datasets_api.router)
+    app.include_router(logs_api.router)
+    app.include_router(otel_api.router)
     # Inside the gateway's fast path (added before = further in): its calls never pass here.
     app.add_middleware(DashboardHeaders)
     # Inside the body limit (added after = further out): the gateway's hot calls skip FastAPI's
     # per-request routing and dependency machinery, running the dependencies and handlers their
     # routes declare (fastpath.routes refuses, here, a declaration it would not honour).
     app.add_middleware(
-        fastpath.GatewayFastPath, routes=fastpath.routes(app.routes, gateway_router.FAST_PATH)
+        fastpath.GatewayFastPath, routes=fastpath.routes(app.routes, gateway_api.FAST_PATH)
     )
     app.add_middleware(BodyLimitMiddleware, max_bytes=settings.max_body_bytes)
-    app.include_router(training_router.router)
-    app.include_router(evals_router.router)
-    app.include_router(privacy_router.router)
-    app.include_router(experiments_router.router)
-    app.include_router(dashboard_router.router)
-    app.include_router(routes_router.router)
-    app.include_router(loop_router.router)
-    app.include_router(tenants_router.router)
+    app.include_router(training_api.router)
+    app.include_router(evals_api.router)
+    app.include_router(privacy_api.router)
+    app.include_router(experiments_api.router)
+    app.include_router(dashboard_api.router)
+    app.include_router(routes_api.router)
+    app.include_router(loop_api.router)
+    app.include_router(tenants_api.router)
     app.add_middleware(MetricsMiddleware)  # added last = outermost: times everything inside
     return app

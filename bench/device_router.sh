@@ -5,7 +5,7 @@
 # bench/promotion.py --rounds 40 once, everything tee'd to $OUT/router_device.log. CPU layout:
 #   bench/router.py           taskset -c 0-5 (it pins its load generator to CPU 5 itself)
 #   bench/promotion.py        taskset -c 5,6
-#   cft API (uvicorn workers.api:create_app, child of the bench)   CPUs 0-3
+#   cft API (uvicorn cft.serve:create_app, child of the bench)   CPUs 0-3
 #   stub backend (bench/router.py --stub, the bench's other child)  CPU 4
 #   PostgreSQL (postmaster of the run's data dir + all its children) CPUs 8-11
 #   the re-pinning loop below (taskset -a -p every 0.25 s)          CPU 15
@@ -119,7 +119,7 @@ watch_bench() { # watch_bench BENCH_PID SNAP_S: find API, stub, PostgreSQL; re-p
     for c in $(children "$bench"); do
       args=$(tr '\0' ' ' 2>/dev/null <"/proc/$c/cmdline") || continue
       case $args in
-        *workers.api:create_app*) [[ $api == "$c" ]] || { api=$c t_api=$SECONDS; } ;;
+        *cft.serve:create_app*) [[ $api == "$c" ]] || { api=$c t_api=$SECONDS; } ;;
         *" --stub "*) stub=$c ;;
       esac
     done

@@ -14,7 +14,7 @@ Burst (`--mode burst`): N concurrent requests, mixed-adapter batching vs one at 
     .venv/bin/python bench/engine.py --mode burst --n 8 --adapters 4 --max-tokens 16
 
 Against vLLM (`--peer vllm`): the same open-loop schedules over HTTP to the local engine
-(`python -m workers.engine`), then to vLLM's CPU build (its venv built on first use,
+(`python -m cft.engine`), then to vLLM's CPU build (its venv built on first use,
 tests/support/vllm_env.py), one engine up at a time, both serving the same adapters with the
 same batch size. TTFT here is client-side (request sent to first streamed
 token, HTTP included); tokens/s = completion tokens / (last answer - first arrival). The
@@ -44,9 +44,9 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from app.core.config import get_settings  # noqa: E402
+from cft.engine.core import Engine  # noqa: E402
+from cft.engine.request import GenRequest, Sampling  # noqa: E402
 from workers import base_model  # noqa: E402
-from workers.engine.core import Engine  # noqa: E402
-from workers.engine.request import GenRequest, Sampling  # noqa: E402
 
 TOPICS = [
     "cats",
@@ -292,13 +292,13 @@ async def http_slice(url: str, jobs: list[Job]) -> dict[str, float]:
 
 @contextmanager
 def local_engine_server(args: argparse.Namespace, workdir: Path) -> Iterator[str]:
-    """`python -m workers.engine` on a free port; its URL."""
+    """`python -m cft.engine` on a free port; its URL."""
     import httpx
 
     from tests.support.servers import free_port
 
     port = free_port()
-    cmd = [sys.executable, "-m", "workers.engine", "--port", str(port)]
+    cmd = [sys.executable, "-m", "cft.engine", "--port", str(port)]
     cmd += ["--max-loras", str(args.adapters), "--max-cpu-loras", str(args.adapters)]
     cmd += ["--max-num-seqs", str(args.max_num_seqs)]
     log = (workdir / "local-engine.log").open("w")

@@ -201,7 +201,7 @@ def drain(url: str, devices: str, ids: list[Any], home: Path, log: Path) -> dict
         "CFT_HOME": str(home),
         "CFT_ARTEFACT_DIR": str(home / "store"),
     }
-    cmd = [sys.executable, "-m", "workers.cli", "worker", "train", "--devices", devices]
+    cmd = [sys.executable, "-m", "cft.cli", "worker", "train", "--devices", devices]
     with log.open("wb") as out:
         proc = subprocess.Popen([*cmd, "--poll", "1"], cwd=ROOT, env=env, stdout=out, stderr=out)
         try:

@@ -57,7 +57,7 @@ def main() -> int:
     report_path = home / "report.json"
     env = {k: v for k, v in os.environ.items() if not k.startswith("CFT_")}
     env |= {"CFT_HOME": str(home), "CFT_PORT": str(free_port())}
-    cmd = [sys.executable, "-m", "workers.cli", "run", "--demo", "--report-json", str(report_path)]
+    cmd = [sys.executable, "-m", "cft.cli", "run", "--demo", "--report-json", str(report_path)]
     if args.quick:
         cmd.append("--quick")
     load_before = os.getloadavg()

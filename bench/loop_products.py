@@ -113,7 +113,7 @@ class Platform:
         env |= {"CFT_HOME": str(home), "CFT_PORT": str(self.port), "CFT_HOST": "127.0.0.1",
                 "PYTHONPATH": str(ROOT)} | env_extra  # fmt: skip
         self.proc = subprocess.Popen(
-            [sys.executable, "-m", "workers.cli", "run", "--no-demo", "--serve"],
+            [sys.executable, "-m", "cft.cli", "run", "--no-demo", "--serve"],
             cwd=ROOT, env=env, stdin=subprocess.DEVNULL, stdout=self.log.open("w"),
             stderr=subprocess.STDOUT, start_new_session=True,
         )  # fmt: skip

@@ -253,7 +253,7 @@ class Stack:
             "CFT_HOME": str(self.tmp / "home"),
         }
         self.api_proc = self._spawn(
-            uvicorn_cmd(self.api_port, "workers.api:create_app", "--factory"), env=env, cwd=ROOT
+            uvicorn_cmd(self.api_port, "cft.serve:create_app", "--factory"), env=env, cwd=ROOT
         )
         self.api = f"http://127.0.0.1:{self.api_port}"
         wait_ready(self.api + "/healthz")

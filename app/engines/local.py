@@ -1,4 +1,4 @@
-"""cft's CPU engine (`cft engine`, workers/engine): it speaks vLLM's API, so vLLM's rules."""
+"""cft's CPU engine (`cft engine`, cft/engine): it speaks vLLM's API, so vLLM's rules."""
 
 from __future__ import annotations
 

@@ -1,6 +1,6 @@
 """The gateway's hot calls, dispatched without FastAPI's per-call machinery.
 
-`app/gateway/router.py` declares which of its routes this serves (`FAST_PATH`); everything else
+`app/gateway/api.py` declares which of its routes this serves (`FAST_PATH`); everything else
 about them (path, method, handler, dependencies) is read from the app's routes as declared, so
 what runs here is what the route says. FastAPI's per-call routing, dependency solving and
 exception wrapping cost about as much CPU as the gateway itself (BENCHMARKS.md, Router): this
@@ -86,7 +86,7 @@ def _fast_route(rc: Any, where: str) -> FastRoute:
         return FastPathError(
             f"the gateway's fast path serves {where} without FastAPI's dependency solver and"
             f" would skip {what}: give the route only `async def` dependencies that take the"
-            " Request alone, or take it off the fast path (app/gateway/router.py, FAST_PATH)"
+            " Request alone, or take it off the fast path (app/gateway/api.py, FAST_PATH)"
         )
 
     if "{" in rc.path:

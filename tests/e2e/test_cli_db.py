@@ -14,7 +14,7 @@ import psycopg
 def cft(home: Path, *args: str) -> subprocess.CompletedProcess[str]:
     env = {k: v for k, v in os.environ.items() if k != "CFT_DATABASE_URL"} | {"CFT_HOME": str(home)}
     return subprocess.run(
-        [sys.executable, "-m", "workers.cli", *args],
+        [sys.executable, "-m", "cft.cli", *args],
         env=env,
         capture_output=True,
         text=True,

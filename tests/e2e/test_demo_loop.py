@@ -38,7 +38,7 @@ def test_make_run_demo_the_loop_runs_itself(tmp_path: Path, models_dir: Path) ->
     env = {k: v for k, v in os.environ.items() if not k.startswith("CFT_")}
     env |= {"CFT_HOME": str(home), "CFT_PORT": str(free_port())}
     proc = subprocess.Popen(
-        [sys.executable, "-m", "workers.cli", "run", "--demo", "--quick",
+        [sys.executable, "-m", "cft.cli", "run", "--demo", "--quick",
          "--report-json", str(report_path)],
         env=env, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
         text=True, start_new_session=True,

@@ -317,7 +317,7 @@ def test_markers_go_once_every_view_has_been_refreshed_since(conn, world):
 
 def test_cli_refreshes_one_method_or_all(conn, db_url, tmp_path):
     env = os.environ | {"CFT_HOME": str(tmp_path), "CFT_DATABASE_URL": db_url}
-    cmd = [sys.executable, "-m", "workers.cli", "dataset", "refresh"]
+    cmd = [sys.executable, "-m", "cft.cli", "dataset", "refresh"]
     res = subprocess.run([*cmd, "--method", "sft"], env=env, capture_output=True, text=True)
     assert res.returncode == 0, res.stderr
     assert "refreshed (sft)" in res.stdout

@@ -22,7 +22,7 @@ import pytest
 import yaml
 
 from app.core.config import Settings
-from workers.cli import WORKERS, build_parser
+from cft.cli import WORKERS, build_parser
 
 ROOT = Path(__file__).resolve().parents[2]
 COMPOSE = ROOT / "docker-compose.yml"
@@ -165,7 +165,7 @@ def test_every_cft_command_is_a_real_entry_point() -> None:
             assert args.worker in WORKERS, f"{name}: no worker {args.worker!r} in {list(WORKERS)}"
             workers_used.add(args.worker)
     # Every worker cft has is deployed, except the reconciler: the api runs it in-process
-    # whenever engines are configured (workers/api.py), and two would race.
+    # whenever engines are configured (cft/serve.py), and two would race.
     missing = set(WORKERS) - workers_used - IN_PROCESS_WORKERS
     assert not missing, f"workers not in compose: {missing}"
     assert not IN_PROCESS_WORKERS & workers_used
@@ -219,7 +219,7 @@ def test_cft_services_wait_for_migrate() -> None:
 
 def test_healthchecks_hit_real_endpoints() -> None:
     from app.main import create_app
-    from workers.engine.server import create_app as create_engine_app
+    from cft.engine.server import create_app as create_engine_app
 
     # FastAPI keeps included routers nested: the OpenAPI schema lists every path.
     api_paths = set(create_app(Settings()).openapi()["paths"])
@@ -236,7 +236,7 @@ def test_healthchecks_hit_real_endpoints() -> None:
 
     from fastapi.testclient import TestClient
 
-    from workers.engine.core import Engine
+    from cft.engine.core import Engine
 
     # /health answers whatever the engine does (a stand-in engine here).
     engine_app = create_engine_app(Mock(spec=Engine))

@@ -14,11 +14,11 @@ import httpx
 import openai
 import pytest
 
+from cft.engine.core import Engine
+from cft.engine.server import create_app
 from tests.support.lora import make_adapter_dir
 from tests.support.servers import serve_app
 from workers import base_model
-from workers.engine.core import Engine
-from workers.engine.server import create_app
 
 pytestmark = pytest.mark.slow
 

@@ -19,13 +19,13 @@ import openai
 import pytest
 from safetensors.torch import load_file, save_file
 
+from cft.engine.cli import add_arguments
+from cft.engine.core import Engine
+from cft.engine.request import GenRequest, Sampling
+from cft.engine.server import create_app
 from tests.support.lora import make_adapter_dir
 from tests.support.servers import serve_app
 from workers import base_model
-from workers.engine.cli import add_arguments
-from workers.engine.core import Engine
-from workers.engine.request import GenRequest, Sampling
-from workers.engine.server import create_app
 
 pytestmark = pytest.mark.slow
 

@@ -16,10 +16,10 @@ import pytest
 from app.core.artefacts import WEIGHTS_FILE
 from app.engines.base import Outcome
 from app.engines.vllm import KIND as VLLM
+from cft.serve import create_app
 from tests.support.engines import FakeLoRAX, FakeSGLang, FakeVLLM, write_adapter
 from tests.support.servers import metrics_text, serve_app
 from tests.support.stack import Stack, wait_until
-from workers.api import create_app
 
 BASE = "smollm2-135m-instruct"
 

@@ -206,7 +206,7 @@ def test_requests_and_cli_once(
         "CFT_ENGINE_URLS": "",
     }
     proc = subprocess.run(
-        [sys.executable, "-m", "workers.cli", "worker", "eval", "--once"],
+        [sys.executable, "-m", "cft.cli", "worker", "eval", "--once"],
         cwd=ROOT,
         env=env,
         capture_output=True,

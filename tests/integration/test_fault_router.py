@@ -24,6 +24,7 @@ import pytest
 from psycopg.rows import dict_row
 
 from app.gateway import table as route_table
+from cft.serve import create_app
 from tests.integration.test_reconciler import (
     World,
     deployment,
@@ -33,7 +34,6 @@ from tests.integration.test_reconciler import (
 )
 from tests.support.lora import make_adapter_dir
 from tests.support.servers import free_port, serve_app
-from workers.api import create_app
 
 pytestmark = pytest.mark.slow
 ROOT = Path(__file__).resolve().parents[2]
@@ -57,9 +57,9 @@ def world(db_url: str, tmp_path: Path, adapter_dirs: list[Path]) -> World:
 
 @contextmanager
 def engine_process(models_dir: Path, port: int) -> Iterator[subprocess.Popen[bytes]]:
-    """`python -m workers.engine` on port, as its own process; killed (if alive) after."""
+    """`python -m cft.engine` on port, as its own process; killed (if alive) after."""
     env = os.environ | {"CFT_HOME": str(models_dir.parent)}
-    cmd = [sys.executable, "-m", "workers.engine", "--port", str(port)]
+    cmd = [sys.executable, "-m", "cft.engine", "--port", str(port)]
     proc = subprocess.Popen(
         cmd, cwd=ROOT, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL
     )

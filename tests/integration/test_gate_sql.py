@@ -519,7 +519,7 @@ def test_cli_can_promote_exit_codes_and_reasons(db_url, conn, world):
 
     def cli(*args):
         return subprocess.run(
-            [sys.executable, "-m", "workers.cli", *args], env=env, capture_output=True, text=True
+            [sys.executable, "-m", "cft.cli", *args], env=env, capture_output=True, text=True
         )
 
     result(conn, world["cand"], "tasks", "accuracy", 0.5)

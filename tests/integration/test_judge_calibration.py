@@ -20,11 +20,11 @@ import pytest
 from app.core.auth import create_key
 from app.evals import service as evals
 from app.main import create_app
+from cft.engine.core import Engine
+from cft.engine.server import create_app as create_engine_app
 from tests.support.factories import make_adapter, make_route, make_tenant
 from tests.support.servers import serve_app
 from workers import base_model
-from workers.engine.core import Engine
-from workers.engine.server import create_app as create_engine_app
 from workers.evaluator import judge
 
 pytestmark = pytest.mark.slow
@@ -151,7 +151,7 @@ def test_judge_calibration_is_stored_and_enforced(
         "CFT_EVAL_JUDGE_MODEL": JUDGE,
     }
     proc = subprocess.run(
-        [sys.executable, "-m", "workers.cli", "worker", "eval", "--calibrate", suite],
+        [sys.executable, "-m", "cft.cli", "worker", "eval", "--calibrate", suite],
         cwd=ROOT,
         env=env,
         capture_output=True,

@@ -149,7 +149,7 @@ def test_the_worker_starts_and_drives_a_cycle_that_rest_shows(api, conn, db_url)
 def cft(db_url: str, tmp_path: Path, *args: str) -> subprocess.CompletedProcess[str]:
     env = os.environ | {"CFT_DATABASE_URL": db_url, "CFT_HOME": str(tmp_path)}
     return subprocess.run(
-        [sys.executable, "-c", "import sys; from workers.cli import main; sys.exit(main(sys.argv[1:]))",
+        [sys.executable, "-c", "import sys; from cft.cli import main; sys.exit(main(sys.argv[1:]))",
          *args],
         env=env, capture_output=True, text=True, timeout=120,
     )  # fmt: skip

@@ -242,7 +242,7 @@ def test_cli_forgets_in_one_tenant_only(world, conn, db_url, tmp_path):
     a, b = world["a"], world["b"]
     env = os.environ | {"CFT_HOME": str(tmp_path), "CFT_DATABASE_URL": db_url}
     res = subprocess.run(
-        [sys.executable, "-m", "workers.cli", "user", "forget", "--tenant", b["name"], RAW_USER],
+        [sys.executable, "-m", "cft.cli", "user", "forget", "--tenant", b["name"], RAW_USER],
         env=env,
         capture_output=True,
         text=True,
@@ -253,7 +253,7 @@ def test_cli_forgets_in_one_tenant_only(world, conn, db_url, tmp_path):
     assert rows(conn, b["id"]) == []
     assert len(rows(conn, a["id"])) == 5
     unknown = subprocess.run(
-        [sys.executable, "-m", "workers.cli", "user", "forget", "--tenant", "no-such", RAW_USER],
+        [sys.executable, "-m", "cft.cli", "user", "forget", "--tenant", "no-such", RAW_USER],
         env=env,
         capture_output=True,
         text=True,

@@ -24,10 +24,10 @@ import psycopg
 import pytest
 import yaml
 
+from cft.cli import WORKERS
 from deploy.smoke import install
 from tests.support.db import with_database
 from tests.support.servers import free_port
-from workers.cli import WORKERS
 
 ROOT = Path(__file__).resolve().parents[2]
 CFT = [str(Path(sys.executable).with_name("cft"))]  # the console script the image runs
@@ -113,7 +113,7 @@ def test_the_blockers_block(blockers: dict[str, Path]) -> None:
     cpu, core = (json.loads((blockers[i] / "blocked.json").read_text()) for i in ("cpu", "core"))
     assert set(cpu["modules"]) >= DEV and not ML & set(cpu["modules"])
     assert set(core["modules"]) >= (DEV | ML)
-    assert not {"app", "workers", "fastapi", "psycopg", "boto3"} & set(core["modules"])
+    assert not {"app", "workers", "cft", "fastapi", "psycopg", "boto3"} & set(core["modules"])
     probe = "import importlib.metadata as m, importlib.util as u, sys;"
     probe += " assert u.find_spec(sys.argv[1]) is None; m.version(sys.argv[1])"
     for image, module in (("cpu", "openai"), ("core", "torch")):
@@ -127,7 +127,7 @@ def test_the_blockers_block(blockers: dict[str, Path]) -> None:
             capture_output=True, text=True, check=False,
         )  # fmt: skip
         assert "PackageNotFoundError" in r.stderr, (image, module, r.stderr[-500:])
-    _run(blockers, "core", [sys.executable, "-c", "import app.core.db, workers.cli"])
+    _run(blockers, "core", [sys.executable, "-c", "import app.core.db, cft.cli"])
 
 
 @pytest.mark.parametrize(

@@ -16,13 +16,13 @@ from psycopg.rows import dict_row
 from app.core.artefacts import WEIGHTS_FILE, LocalStore
 from app.core.auth import create_key
 from app.core.config import get_settings
+from cft.engine.core import Engine
+from cft.engine.server import create_app as create_engine_app
+from cft.serve import create_app
 from tests.support.factories import make_adapter, make_route, make_tenant
 from tests.support.lora import make_adapter_dir
 from tests.support.servers import free_port, metrics_text, serve_app
 from workers import base_model
-from workers.api import create_app
-from workers.engine.core import Engine
-from workers.engine.server import create_app as create_engine_app
 
 pytestmark = pytest.mark.slow
 BASE = base_model.BUNDLED

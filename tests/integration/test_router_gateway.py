@@ -17,13 +17,13 @@ from app.core.auth import create_key
 from app.core.config import get_settings
 from app.core.metrics import REGISTRY
 from app.core.pseudonym import user_hash, user_secret
+from cft.engine.core import Engine
+from cft.engine.server import create_app as create_engine_app
+from cft.serve import create_app
 from tests.support.factories import make_adapter, make_route, make_tenant
 from tests.support.lora import make_adapter_dir
 from tests.support.servers import metrics_text, serve_app
 from workers import base_model
-from workers.api import create_app
-from workers.engine.core import Engine
-from workers.engine.server import create_app as create_engine_app
 
 pytestmark = pytest.mark.slow
 BASE = base_model.BUNDLED

@@ -14,13 +14,13 @@ from psycopg.rows import dict_row
 from app.core import embedded
 from app.core.auth import create_key
 from app.core.config import get_settings
+from cft.engine.core import Engine
+from cft.engine.server import create_app as create_engine_app
+from cft.serve import create_app
 from tests.support.db import TEST_TUNING, dedicated_server
 from tests.support.factories import make_route, make_tenant
 from tests.support.servers import metrics_text, serve_app
 from workers import base_model
-from workers.api import create_app
-from workers.engine.core import Engine
-from workers.engine.server import create_app as create_engine_app
 
 pytestmark = pytest.mark.slow
 BASE = base_model.BUNDLED

@@ -34,15 +34,15 @@ from app.core import auth
 from app.core.config import Settings
 from app.core.limits import MAX_HEADER_BYTES
 from app.gateway import keys
+from cft.engine.core import Engine
+from cft.engine.server import create_app as create_engine_app
+from cft.serve import create_app
 from tests.support import dashboard
 from tests.support import db as testdb
 from tests.support.factories import make_adapter, make_log, make_route, make_tenant
 from tests.support.servers import serve_app
 from tests.support.training import make_run, make_snapshot
 from workers import base_model
-from workers.api import create_app
-from workers.engine.core import Engine
-from workers.engine.server import create_app as create_engine_app
 
 pytestmark = pytest.mark.slow  # one real engine for the router calls
 BASE = base_model.BUNDLED

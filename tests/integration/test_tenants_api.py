@@ -18,14 +18,14 @@ from app.core.artefacts import LocalStore
 from app.core.config import Settings
 from app.main import create_app
 from app.tenants import service
+from cft.engine.core import Engine
+from cft.engine.server import create_app as create_engine_app
+from cft.serve import create_app as create_api_with_reconciler
 from tests.support.factories import make_tenant
 from tests.support.lora import make_adapter_dir
 from tests.support.servers import free_port, serve_app
 from tests.support.tenants import counts, populate
 from workers import base_model
-from workers.api import create_app as create_api_with_reconciler
-from workers.engine.core import Engine
-from workers.engine.server import create_app as create_engine_app
 
 BASE = base_model.BUNDLED
 

@@ -30,7 +30,7 @@ from workers.trainer.devices import Capacity
 from workers.trainer.worker import Worker, WorkerConfig, claim
 
 ROOT = Path(__file__).resolve().parents[2]
-CFT = [sys.executable, "-m", "workers.cli"]
+CFT = [sys.executable, "-m", "cft.cli"]
 TINY = {
     "max_steps": 2,
     "max_length": 64,

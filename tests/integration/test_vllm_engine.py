@@ -27,6 +27,7 @@ from app.engines.base import Outcome
 from app.engines.state import model_ids
 from app.engines.vllm import CONFIG_FILE, stage_config
 from app.engines.vllm import KIND as VLLM
+from cft.serve import create_app
 from tests.support import vllm
 from tests.support.engines import FakeVLLM, write_adapter
 from tests.support.lora import make_adapter_dir
@@ -34,7 +35,6 @@ from tests.support.servers import serve_app
 from tests.support.stack import Stack, wait_until
 from tests.support.vllm import VLLMServer
 from workers import base_model
-from workers.api import create_app
 
 pytestmark = pytest.mark.slow
 BASE = base_model.BUNDLED

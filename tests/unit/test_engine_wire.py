@@ -14,9 +14,9 @@ from unittest import mock
 import pytest
 from fastapi.testclient import TestClient
 
-from workers.engine.metrics import EngineMetrics
-from workers.engine.request import EngineError, GenRequest
-from workers.engine.server import create_app
+from cft.engine.metrics import EngineMetrics
+from cft.engine.request import EngineError, GenRequest
+from cft.engine.server import create_app
 
 DONE = {"finish_reason": "length", "completion_tokens": 2}
 

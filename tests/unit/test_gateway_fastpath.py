@@ -12,8 +12,8 @@ from fastapi.testclient import TestClient
 from starlette._utils import get_route_path
 
 from app.core.config import Settings
+from app.gateway import api as gateway_api
 from app.gateway import fastpath
-from app.gateway import router as gateway_router
 from app.gateway.fastpath import FastPathError, GatewayFastPath, _route_path
 from app.gateway.keys import client_key
 from app.main import create_app
@@ -48,10 +48,10 @@ def test_the_app_serves_the_two_hot_routes_with_their_declared_key_check() -> No
     routes = _app_fast_routes()
     assert set(routes) == {"/v1/chat/completions", "/v1/completions"}
     chat = routes["/v1/chat/completions"]
-    assert chat.endpoint is gateway_router.chat_completions and chat.methods == {"POST"}
+    assert chat.endpoint is gateway_api.chat_completions and chat.methods == {"POST"}
     assert [(s.call, s.names) for s in chat.steps] == [(client_key, ("key",))]
     scope: Any = {"path": "/api/v1/completions", "root_path": "/api"}
-    assert routes[_route_path(scope)].endpoint is gateway_router.completions
+    assert routes[_route_path(scope)].endpoint is gateway_api.completions
 
 
 CALLS: list[str] = []
@@ -162,7 +162,7 @@ def test_a_dependency_the_fast_path_would_skip_refuses_to_build_the_app(
         _app(router, hot)
     # The same through an include's dependencies, and on the gateway's own routes.
     with pytest.raises(FastPathError, match="would skip"):
-        _app(gateway_router.router, *gateway_router.FAST_PATH, dependencies=[Depends(dependency)])
+        _app(gateway_api.router, *gateway_api.FAST_PATH, dependencies=[Depends(dependency)])
 
 
 def test_what_a_fast_route_reads_itself_refuses_to_build_the_app() -> None:
@@ -197,7 +197,7 @@ def test_what_a_fast_route_reads_itself_refuses_to_build_the_app() -> None:
 
 def test_a_dependency_added_to_the_gateways_routes_runs_before_the_key_check() -> None:
     app = FastAPI()
-    app.include_router(gateway_router.router, dependencies=[Depends(audit)])
-    routes = fastpath.routes(app.routes, gateway_router.FAST_PATH)
+    app.include_router(gateway_api.router, dependencies=[Depends(audit)])
+    routes = fastpath.routes(app.routes, gateway_api.FAST_PATH)
     for route in routes.values():
         assert [(s.call, s.names) for s in route.steps] == [(audit, ()), (client_key, ("key",))]

@@ -1,5 +1,5 @@
-"""Imports go one way (workers -> app, and between app's packages), and the demo simulator
-stays out of the production path."""
+"""Imports go one way (cft's programs -> workers -> app, and between app's packages), and the
+demo simulator stays out of the production path."""
 
 from __future__ import annotations
 
@@ -11,16 +11,17 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[2]
 
 # Builds the cft parser (it imports each worker's module) and the API app, imports every other
-# production module (all of app/ but the demo, all of workers/), then reports what got loaded.
+# production module (all of app/ but the demo, all of workers/ and cft/), then reports what got
+# loaded.
 PRODUCTION_PATH = """
 import importlib, pathlib, sys
 from app.core.config import Settings
-from workers.cli import build_parser
+from cft.cli import build_parser
 
 build_parser()
 from app.main import create_app
 create_app(Settings(), db_url="postgresql://127.0.0.1:1/none", engine_urls=[])
-for top in ("app", "workers"):
+for top in ("app", "workers", "cft"):
     for path in sorted(pathlib.Path(top).rglob("*.py")):
         name = ".".join(path.with_suffix("").parts).removesuffix(".__init__")
         if not name.startswith("app.demo") and not name.endswith("__main__"):
@@ -41,8 +42,11 @@ def test_production_modules_never_load_the_demo() -> None:
     assert proc.stdout.strip().splitlines()[-1] == "[]", proc.stdout
 
 
-def _imports_of_workers(path: Path) -> list[str]:
-    """Every `import workers...` and every "workers.x" string (importlib) in one file."""
+def _imports_of(path: Path, tops: set[str]) -> list[str]:
+    """Every `import T...` and every "T.x" string (importlib) in one file, for T in tops.
+
+    "cft.x" strings are logger and metric names, so for `cft` only imports count.
+    """
     found = []
     for node in ast.walk(ast.parse(path.read_text(), str(path))):
         names: list[str] = []
@@ -51,15 +55,26 @@ def _imports_of_workers(path: Path) -> list[str]:
         elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
             names = [node.module]
         elif isinstance(node, ast.Constant) and isinstance(node.value, str):
-            names = [node.value] if " " not in node.value else []
+            names = [node.value] if " " not in node.value and "cft" not in node.value else []
         rel = path.relative_to(ROOT)
-        found += [f"{rel}:{node.lineno}: {n}" for n in names if n.split(".")[0] == "workers"]
+        found += [f"{rel}:{node.lineno}: {n}" for n in names if n.split(".")[0] in tops]
     return found
 
 
-def test_app_never_imports_workers() -> None:
+def test_app_never_imports_workers_or_programs() -> None:
     found = [
-        hit for path in sorted((ROOT / "app").rglob("*.py")) for hit in _imports_of_workers(path)
+        hit
+        for path in sorted((ROOT / "app").rglob("*.py"))
+        for hit in _imports_of(path, {"workers", "cft"})
+    ]
+    assert found == []
+
+
+def test_workers_never_import_the_programs() -> None:
+    found = [
+        hit
+        for path in sorted((ROOT / "workers").rglob("*.py"))
+        for hit in _imports_of(path, {"cft"})
     ]
     assert found == []
 
@@ -117,7 +132,7 @@ def test_cycle_finder_finds_a_cycle() -> None:
 
 
 def test_engine_modules_import_one_way() -> None:
-    graph = _sibling_imports(ROOT / "workers" / "engine")
+    graph = _sibling_imports(ROOT / "cft" / "engine")
     assert {"core", "scheduler", "model"} <= graph.keys() and "model" in graph["scheduler"]
     assert _cycle(graph) == []
 

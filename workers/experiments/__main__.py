@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import sys
 
-from workers.experiments.worker import main
+from workers.experiments.cli import main
 
 if __name__ == "__main__":
     sys.exit(main())

@@ -4,20 +4,12 @@ serve.watch_decision), so checking every --interval keeps their error bound."""
 
 from __future__ import annotations
 
-import argparse
 import logging
-import time
 
-from app.core.db import connect, database_url
+from app.core.db import connect
 from app.experiments import service as experiments
 
 log = logging.getLogger("cft.experiments")
-
-
-def add_arguments(parser: argparse.ArgumentParser) -> None:
-    """Flags of the experiments worker."""
-    parser.add_argument("--interval", type=float, default=300.0, help="seconds between passes")
-    parser.add_argument("--once", action="store_true", help="run one pass and exit")
 
 
 def run_once(url: str) -> int:
@@ -44,21 +36,3 @@ def run_once(url: str) -> int:
             except Exception:
                 log.exception("experiment policy of route %s/%s failed", tenant_id, route)
     return recorded
-
-
-def run(args: argparse.Namespace) -> int:
-    """Run passes every --interval seconds (or once)."""
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
-    url = database_url()
-    while True:
-        run_once(url)
-        if args.once:
-            return 0
-        time.sleep(args.interval)
-
-
-def main(argv: list[str] | None = None) -> int:
-    """Entry point of `python -m workers.experiments`."""
-    parser = argparse.ArgumentParser(prog="python -m workers.experiments", description=__doc__)
-    add_arguments(parser)
-    return run(parser.parse_args(argv))

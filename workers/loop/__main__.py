@@ -1,5 +1,5 @@
 """`python -m workers.loop`."""
 
-from workers.loop.worker import main
+from workers.loop.cli import main
 
 raise SystemExit(main())

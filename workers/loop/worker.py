@@ -11,10 +11,8 @@ snapshot of the largest route).
 
 from __future__ import annotations
 
-import argparse
 import logging
 import os
-import signal
 import socket
 import threading
 import time
@@ -24,8 +22,7 @@ from typing import Any
 import psycopg
 from psycopg.rows import dict_row
 
-from app.core.db import database_url
-from app.core.metrics import LOOP_CYCLES_STARTED, REGISTRY
+from app.core.metrics import LOOP_CYCLES_STARTED
 from app.datasets import service as datasets
 from app.loop import cycles, steps
 
@@ -33,16 +30,6 @@ log = logging.getLogger("cft.loop")
 
 CHANNELS = ("cft_loop", "cft_adapter")
 MAX_STEPS_PER_PASS = 100
-
-
-def add_arguments(parser: argparse.ArgumentParser) -> None:
-    """Flags of the loop worker."""
-    parser.add_argument("--interval", type=float, default=5.0, help="seconds between passes")
-    parser.add_argument("--lease", type=float, default=120.0, help="lease of a claimed cycle (s)")
-    parser.add_argument("--refresh", type=float, default=60.0, help="candidate view refresh (s)")
-    parser.add_argument("--worker-id", default="", help="name in loop.cycle.worker_id")
-    parser.add_argument("--metrics-port", type=int, default=0, help="serve /metrics (0: off)")
-    parser.add_argument("--once", action="store_true", help="run one pass and exit")
 
 
 def _connect(url: str, *, autocommit: bool = False) -> psycopg.Connection[Any]:
@@ -97,32 +84,3 @@ class LoopWorker:
                     pass
         finally:
             listener.close()
-
-
-def run(args: argparse.Namespace) -> int:
-    """Run the worker until SIGTERM/SIGINT (or one pass with --once)."""
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
-    if args.metrics_port:
-        from prometheus_client import start_http_server
-
-        start_http_server(args.metrics_port, registry=REGISTRY)
-    worker = LoopWorker(
-        database_url(), worker_id=args.worker_id, lease_s=args.lease, refresh_s=args.refresh
-    )
-    if args.once:
-        worker.run_once()
-        return 0
-
-    def _stop(*_: Any) -> None:
-        worker.stop.set()
-
-    signal.signal(signal.SIGTERM, _stop)
-    worker.run_forever(args.interval)
-    return 0
-
-
-def main(argv: list[str] | None = None) -> int:
-    """Entry point of `python -m workers.loop`."""
-    parser = argparse.ArgumentParser(prog="python -m workers.loop", description=__doc__)
-    add_arguments(parser)
-    return run(parser.parse_args(argv))

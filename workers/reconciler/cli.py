@@ -1,6 +1,6 @@
 """Command line of the reconciler: `cft worker reconcile` and `python -m workers.reconciler`.
 
-`workers/cli.py` lists this module in WORKERS: it uses add_arguments() and run().
+`cft/cli.py` lists this module in WORKERS: it uses add_arguments() and run().
 """
 
 from __future__ import annotations

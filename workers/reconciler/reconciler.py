@@ -23,7 +23,7 @@ Passes run on NOTIFY cft_adapter, when the gateway asks (an engine said 404), an
 (which both LISTENs and runs the passes) and a wake-up socket for kick() and stop(): idle, it
 costs nothing (a 0.1 s poll and a connection per pass cost the API process 10-14 ms of CPU per
 second; BENCHMARKS.md, "Router against LiteLLM"). It runs inside the API process (a thread,
-started with the router runtime: see workers/api.py) or standalone as `cft worker reconcile`
+started with the router runtime: see cft/serve.py) or standalone as `cft worker reconcile`
 (workers/reconciler/cli.py).
 """
 

@@ -1,6 +1,6 @@
 """Command line of the training worker: `cft worker train` and `python -m workers.trainer`.
 
-`workers/cli.py` lists this module in WORKERS: it uses add_arguments() and run(). With
+`cft/cli.py` lists this module in WORKERS: it uses add_arguments() and run(). With
 `--devices` the command supervises one worker process per device group (`supervisor`); without
 it, it is one worker on one device (GPU 0, else the CPU).
 """

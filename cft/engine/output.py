@@ -8,9 +8,9 @@ from __future__ import annotations
 
 import time
 
-from workers.engine.metrics import EngineMetrics
-from workers.engine.model import Model
-from workers.engine.request import GenRequest
+from cft.engine.metrics import EngineMetrics
+from cft.engine.model import Model
+from cft.engine.request import GenRequest
 
 
 class OutputProcessor:

@@ -2,7 +2,7 @@
 
 Scheduling is per decode step, as in vLLM. Before each step, waiting requests join while the
 batch has room: each is prefilled alone (a batch of one, exactly as if it were served alone),
-samples its first token, and its KV cache joins the running batch's (`workers/engine/batch.py`).
+samples its first token, and its KV cache joins the running batch's (`cft/engine/batch.py`).
 Then one decode step runs every row, each with its own adapter (at most `max_loras` distinct
 ones) and its own sampling. A request that finishes or whose client goes away leaves at once. A
 full waiting queue answers 429 with Retry-After.
@@ -15,13 +15,13 @@ import logging
 import threading
 import time
 
-from workers.engine import sampling
-from workers.engine.adapters import Adapter, AdapterStore
-from workers.engine.batch import Row, RunningBatch
-from workers.engine.metrics import EngineMetrics
-from workers.engine.model import Model
-from workers.engine.output import OutputProcessor
-from workers.engine.request import EngineError, GenRequest
+from cft.engine import sampling
+from cft.engine.adapters import Adapter, AdapterStore
+from cft.engine.batch import Row, RunningBatch
+from cft.engine.metrics import EngineMetrics
+from cft.engine.model import Model
+from cft.engine.output import OutputProcessor
+from cft.engine.request import EngineError, GenRequest
 
 log = logging.getLogger(__name__)
 

@@ -14,7 +14,7 @@ from app.core.db import database_url, migrate
 
 # Domains that add subcommands: each module has `register(subparsers) -> None`.
 PLUGINS: list[str] = [
-    "workers.engine.cli",
+    "cft.engine.cli",
     "app.tenants.cli",
     "app.datasets.cli",
     "app.training.cli",
@@ -23,20 +23,25 @@ PLUGINS: list[str] = [
     "app.loop.cli",
 ]
 
-# `cft worker NAME`: each module has `add_arguments(parser)` and `run(args) -> int`.
+# `cft worker NAME` runs the package workers.<WORKERS[NAME]>: its `cli` module has
+# `add_arguments(parser)` and `run(args) -> int`.
 WORKERS: dict[str, str] = {
-    "maintenance": "workers.maintenance.__main__",
-    "embed": "workers.embedder.__main__",
-    "train": "workers.trainer.cli",
-    "experiments": "workers.experiments.worker",
-    "reconcile": "workers.reconciler.cli",
-    "eval": "workers.evaluator.cli",
-    "loop": "workers.loop.worker",
+    "maintenance": "maintenance",
+    "embed": "embedder",
+    "train": "trainer",
+    "experiments": "experiments",
+    "reconcile": "reconciler",
+    "eval": "evaluator",
+    "loop": "loop",
 }
 
 
+def _worker_cli(name: str) -> Any:
+    return importlib.import_module(f"workers.{WORKERS[name]}.cli")
+
+
 def _worker(args: argparse.Namespace) -> int:
-    module = importlib.import_module(WORKERS[args.worker])
+    module = _worker_cli(args.worker)
     rc: int = module.run(args)
     return rc
 
@@ -80,7 +85,7 @@ def _serve(args: argparse.Namespace) -> int:
     import uvicorn
 
     from app.core.http_server import server_options
-    from workers.api import create_app  # the app, with the reconciler beside its router
+    from cft.serve import create_app  # the app, with the reconciler beside its router
 
     settings = get_settings()
     url = database_url(settings)
@@ -97,7 +102,7 @@ def _serve(args: argparse.Namespace) -> int:
 
 
 def _run(args: argparse.Namespace) -> int:
-    from workers.run import main as main_job
+    from cft.run import main as main_job
 
     return main_job.main(args)
 
@@ -124,16 +129,16 @@ def build_parser() -> argparse.ArgumentParser:
     p.set_defaults(func=_serve)
 
     p = sub.add_parser("run", help="the main job: everything on one machine, and the demo loop")
-    from workers.run import main as main_job
+    from cft.run import main as main_job
 
     main_job.add_arguments(p)
     p.set_defaults(func=_run)
 
     p = sub.add_parser("worker", help="run a worker process: " + ", ".join(WORKERS))
     workers = p.add_subparsers(dest="worker", required=True)
-    for name, module_name in WORKERS.items():
+    for name in WORKERS:
         wp = workers.add_parser(name, help=f"the {name} worker")
-        importlib.import_module(module_name).add_arguments(wp)
+        _worker_cli(name).add_arguments(wp)
         wp.set_defaults(func=_worker)
 
     for name in PLUGINS:

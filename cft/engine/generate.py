@@ -14,9 +14,9 @@ from typing import Any, Literal
 
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 
-from workers.engine.core import Engine
-from workers.engine.protocol import DONE, GenerationRequest, Reply, error_body, sse
-from workers.engine.request import EngineError, GenRequest, Sampling
+from cft.engine.core import Engine
+from cft.engine.protocol import DONE, GenerationRequest, Reply, error_body, sse
+from cft.engine.request import EngineError, GenRequest, Sampling
 
 Endpoint = Literal["chat", "completions"]
 

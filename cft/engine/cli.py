@@ -39,8 +39,8 @@ def run(args: argparse.Namespace) -> int:
     import uvicorn
 
     from app.core.http_server import server_options
-    from workers.engine.core import Engine
-    from workers.engine.server import create_app
+    from cft.engine.core import Engine
+    from cft.engine.server import create_app
 
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(message)s")
     settings = get_settings()
@@ -73,7 +73,7 @@ def register(subparsers: Any) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    """Entry point of `python -m workers.engine`."""
-    parser = argparse.ArgumentParser(prog="python -m workers.engine", description=__doc__)
+    """Entry point of `python -m cft.engine`."""
+    parser = argparse.ArgumentParser(prog="python -m cft.engine", description=__doc__)
     add_arguments(parser)
     return run(parser.parse_args(argv))

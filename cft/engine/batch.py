@@ -11,7 +11,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from workers.engine.request import GenRequest
+from cft.engine.request import GenRequest
 
 
 @dataclass

@@ -17,9 +17,9 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-from workers.engine.metrics import EngineMetrics
-from workers.engine.model import Model
-from workers.engine.request import BASE, EngineError
+from cft.engine.metrics import EngineMetrics
+from cft.engine.model import Model
+from cft.engine.request import BASE, EngineError
 
 log = logging.getLogger(__name__)
 

@@ -1,6 +1,6 @@
 """The API process's application: app.main's, with the reconciler running beside the router.
 
-`cft serve` and `cft run` serve this (and `uvicorn workers.api:create_app --factory`); app/
+`cft serve` and `cft run` serve this (and `uvicorn cft.serve:create_app --factory`); app/
 never imports workers/, so the reconciler is injected here.
 """
 

@@ -8,12 +8,12 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from workers.engine.adapters import AdapterStore
-from workers.engine.metrics import EngineMetrics
-from workers.engine.model import Model
-from workers.engine.output import OutputProcessor
-from workers.engine.request import EngineError, GenRequest
-from workers.engine.scheduler import Scheduler
+from cft.engine.adapters import AdapterStore
+from cft.engine.metrics import EngineMetrics
+from cft.engine.model import Model
+from cft.engine.output import OutputProcessor
+from cft.engine.request import EngineError, GenRequest
+from cft.engine.scheduler import Scheduler
 
 
 class Engine:

@@ -2,7 +2,7 @@
 
 While adapters are attached the module is a PEFT model around the base, and one forward mixes
 them per row through PEFT's `adapter_names` (`"__base__"` for the base). Which adapters are
-attached, and when they leave, is decided in `workers/engine/adapters.py`.
+attached, and when they leave, is decided in `cft/engine/adapters.py`.
 """
 
 from __future__ import annotations
@@ -11,8 +11,8 @@ import threading
 from pathlib import Path
 from typing import Any
 
+from cft.engine.request import BASE
 from workers import base_model
-from workers.engine.request import BASE
 
 
 class Model:

@@ -24,7 +24,7 @@ from app.core import embedded
 from app.core.auth import create_key
 from app.core.config import Settings, get_settings
 from app.core.db import connect, database_url, migrate
-from workers.run.supervisor import ServiceFailed, Supervisor
+from cft.run.supervisor import ServiceFailed, Supervisor
 
 DEMO_TENANT = "demo"
 WORKERS = ("train", "eval", "embed", "maintenance", "experiments", "loop")
@@ -180,12 +180,12 @@ def main(args: argparse.Namespace) -> int:
         from workers import base_model
 
         base_model.resolve(settings.base_model, settings.models_path)
-        engine = sup.start("engine", [py, "-m", "workers.engine", "--host", "127.0.0.1",
+        engine = sup.start("engine", [py, "-m", "cft.engine", "--host", "127.0.0.1",
                                       "--port", str(engine_port), "--max-loras", "4"])  # fmt: skip
-        api = sup.start("api", [py, "-m", "workers.cli", "serve", "--host", host,
+        api = sup.start("api", [py, "-m", "cft.cli", "serve", "--host", host,
                                 "--port", str(port), "--no-migrate"])  # fmt: skip
         for name in WORKERS:
-            sup.start(name, [py, "-m", "workers.cli", "worker", name, *WORKER_ARGS.get(name, [])])
+            sup.start(name, [py, "-m", "cft.cli", "worker", name, *WORKER_ARGS.get(name, [])])
         sup.wait_http(engine, f"{engine_url}/health", timeout=300)
         say(f"[cft] engine ready: {engine_url} (vLLM-compatible, base {settings.base_model})")
         sup.wait_http(api, f"{api_url}/healthz", timeout=120)

@@ -5,7 +5,7 @@ from __future__ import annotations
 import random
 from typing import Any
 
-from workers.engine.request import GenRequest
+from cft.engine.request import GenRequest
 
 
 def seed(req: GenRequest) -> None:

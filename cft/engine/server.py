@@ -12,9 +12,9 @@ from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from starlette.concurrency import run_in_threadpool
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
-from workers.engine.core import Engine
-from workers.engine.generate import generate
-from workers.engine.protocol import (
+from cft.engine.core import Engine
+from cft.engine.generate import generate
+from cft.engine.protocol import (
     ChatCompletionRequest,
     ChatMessage,
     CompletionRequest,
@@ -24,7 +24,7 @@ from workers.engine.protocol import (
     UnloadLoRAAdapterRequest,
     error_body,
 )
-from workers.engine.request import EngineError
+from cft.engine.request import EngineError
 
 
 def _error(
