@@ -91,8 +91,18 @@ class Settings(BaseSettings):
         description="The engines' --max-lora-rank: the trainer refuses to register an adapter"
         " an engine would not load (app/engines/compat.py).",
     )
+    engine_adapter_slots: int = Field(
+        0,
+        ge=0,
+        description="Adapters each engine keeps loaded (vLLM's --max-cpu-loras), where the"
+        " engine does not say (SGLang reports its --max-loaded-loras): the reconciler loads"
+        " ahead at most this many per engine, its hottest, and the rest on first call; 0 ="
+        " every adapter placed on the engine.",
+    )
     route_cache_ttl: float = Field(
-        5.0, description="Seconds the router caches a route (NOTIFY invalidates at once)."
+        5.0,
+        description="Seconds the router trusts a cached route while its LISTEN connection is"
+        " down (while it is up, NOTIFY keeps every cached route current).",
     )
     serving_dir: Path | None = Field(
         None,

@@ -57,6 +57,14 @@ ROUTE_CACHE = Counter(
     ["result"],
     registry=REGISTRY,
 )
+ROUTE_READS = Counter(
+    "cft_router_route_reads_total",
+    "Queries of routes' serving state (one query reads every route of a NOTIFY burst or of a"
+    " reconnect), by why: miss (a call's first), notify (a NOTIFY without the state), resync"
+    " (after the LISTEN connection came back), stale (no LISTEN connection: past the TTL)",
+    ["why"],
+    registry=REGISTRY,
+)
 COLD_STARTS = Counter(
     "cft_router_cold_starts_total",
     "Adapter loads into an engine by the reconciler (rate() gives cold starts per minute)",
@@ -113,6 +121,11 @@ RECONCILER_ERRORS = Counter(
     ["reason"],
     registry=REGISTRY,
 )
+RECONCILER_CPU = Counter(
+    "cft_reconciler_cpu_seconds_total",
+    "CPU time the reconciler spent (its passes and its engines' load threads)",
+    registry=REGISTRY,
+)
 ADAPTER_LOOKUPS = Counter(
     "cft_router_adapter_lookups_total",
     "Calls for an adapter, by whether an engine had it loaded: hit, loaded (waited for its"
@@ -128,16 +141,19 @@ LOAD_WAIT = Histogram(
 )
 COLD_START_SECONDS = Histogram(
     "cft_cold_start_seconds",
-    "A reconciler load, by stage: stage (fetch and verify the artefact), load (the engine's"
-    " load call)",
+    "Adapter cold starts, by stage: stage (the reconciler fetches and verifies the artefact),"
+    " load (the engine's load call), first_token (a call that waited for its adapter's load:"
+    " from the wait's start to the answer's first token)",
     ["stage"],
     registry=REGISTRY,
     buckets=(0.01, 0.05, 0.1, 0.25, 0.5, 1, 2, 5, 10, 30, 60, 120),
 )
+FIRST_TOKEN_COLD = COLD_START_SECONDS.labels("first_token")
 ENGINE_LORA_ADAPTERS = Gauge(
     "cft_engine_lora_adapters",
-    "Adapters in the engine's own scheduler (vLLM's vllm:lora_requests_info), by state"
-    " (running, waiting), and its --max-loras (max)",
+    "Adapters on each engine by state: running and waiting in its scheduler and its"
+    " --max-loras (max) from vLLM's vllm:lora_requests_info; resident (listed by the engine"
+    " now), pinned (by cft) and capacity (what it keeps loaded, where it says)",
     ["engine", "state"],
     registry=REGISTRY,
 )

@@ -9,6 +9,18 @@ from typing import TYPE_CHECKING, Any, ClassVar, Literal
 if TYPE_CHECKING:  # the reconciler passes its client; nothing here needs httpx at import
     import httpx
 
+
+def base_ids(payload: object) -> frozenset[str]:
+    """The base models in an OpenAI /v1/models response: the entries without a parent (vLLM
+    and SGLang list each adapter with its base as parent)."""
+    data = payload.get("data") if isinstance(payload, dict) else None
+    return frozenset(
+        str(m["id"])
+        for m in data or []
+        if isinstance(m, dict) and isinstance(m.get("id"), str) and not m.get("parent")
+    )
+
+
 EngineKind = Literal["vllm", "sglang", "lorax", "local", "vllm-lazy"]
 
 
@@ -21,6 +33,20 @@ class Outcome(enum.Enum):
     NO_API = "no_api"  # the engine has no load/unload routes (a setting is missing)
     REFUSED = "refused"  # the engine refused this adapter or request
     FAILED = "failed"  # the engine failed (5xx): try again later
+
+
+@dataclass(frozen=True)
+class Described:
+    """What an engine says about itself (None where it does not say)."""
+
+    bases: frozenset[str] | None = None  # the base models it serves
+    revision: str | None = None  # the base's weights version
+    capacity: int | None = None  # adapters it keeps loaded before evicting
+    pin_limit: int = 0  # adapters cft may pin (kept loaded, never evicted)
+
+
+# The start of a load's message when the engine loaded the adapter but would not pin it.
+NOT_PINNED = "loaded, not pinned: "
 
 
 @dataclass(frozen=True)
@@ -61,6 +87,12 @@ class Kind:
     lists_models: ClassVar[bool] = True
     # True: the engine speaks vLLM's load/generate/unload API (the evaluator drives it).
     vllm_api: ClassVar[bool] = False
+    # True: an adapter the engine evicted (beyond its capacity) is no longer listed but stays
+    # callable: the engine loads it again on the call that names it (SGLang). Its absence from
+    # the list is not a loss, and reloading it would only evict another.
+    keeps_evicted: ClassVar[bool] = False
+    # True: a load may pin the adapter (never evicted); the reconciler pins the hottest prods.
+    pins: ClassVar[bool] = False
 
     @property
     def probe_path(self) -> str:
@@ -78,8 +110,20 @@ class Kind:
         here" (drop it from the engine's list, fall back), not a bad request."""
         return status == 404 or status >= 500
 
-    def load(self, client: httpx.Client, url: str, name: str, path: str) -> Answer:
-        """Load the adapter in directory `path` under `name`, and say what the answer means."""
+    def describe(self, client: httpx.Client, url: str) -> Described:
+        """What the engine says about itself: its base models (/v1/models), nothing more by
+        default. Raises httpx.HTTPError when it does not answer."""
+        if not self.lists_models and not self.vllm_api:
+            return Described()
+        resp = client.get(url + "/v1/models", timeout=5.0)
+        resp.raise_for_status()
+        return Described(bases=base_ids(resp.json()) or None)
+
+    def load(
+        self, client: httpx.Client, url: str, name: str, path: str, *, pinned: bool = False
+    ) -> Answer:
+        """Load the adapter in directory `path` under `name` (pinned: never evicted, where
+        the kind pins), and say what the answer means."""
         raise NotImplementedError(f"{self.name} engines load adapters on first use")
 
     def unload(self, client: httpx.Client, url: str, name: str) -> Answer:

@@ -113,8 +113,12 @@ class VLLM(Kind):
             return True
         return status == 400 and _RESOLVED_REFUSED in body
 
-    def load(self, client: httpx.Client, url: str, name: str, path: str) -> Answer:
-        """POST /v1/load_lora_adapter and classify vLLM's answer."""
+    def load(
+        self, client: httpx.Client, url: str, name: str, path: str, *, pinned: bool = False
+    ) -> Answer:
+        """POST /v1/load_lora_adapter and classify vLLM's answer (vLLM pins nothing: an
+        adapter it evicted from its cache is read again from `path` by the call that needs
+        it, and stays listed)."""
         resp = client.post(
             url + "/v1/load_lora_adapter", json={"lora_name": name, "lora_path": path}
         )

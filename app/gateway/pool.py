@@ -8,7 +8,6 @@ kind's (app/gateway/upstream.py asks it).
 from __future__ import annotations
 
 import asyncio
-import hashlib
 import itertools
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
@@ -16,7 +15,9 @@ from dataclasses import dataclass
 import aiohttp
 import orjson
 
+from app.engines.base import base_ids
 from app.engines.kinds import kind_of
+from app.engines.placement import affinity
 from app.engines.state import EngineState, model_ids
 from app.gateway.client import KEEPALIVE_S, EngineClient, EngineError, EngineResponse
 
@@ -85,14 +86,6 @@ class Counted:
                 self.engine.inflight -= 1
 
 
-def affinity(url: str, model: str) -> int:
-    """The rendezvous score of an engine for a model: the engine with the highest serves it
-    first, so each engine's cache holds a stable share of the adapters, and adding or removing
-    an engine moves only the adapters whose first engine it is."""
-    digest = hashlib.blake2b(f"{url}\0{model}".encode(), digest_size=8).digest()
-    return int.from_bytes(digest, "big")
-
-
 class EnginePool:
     """The engines: for an adapter, by rendezvous hashing (widened by load); for the base
     model, round robin; always preferring engines that are up and serve the wanted model.
@@ -159,19 +152,26 @@ class EnginePool:
         """The engine base URLs."""
         return [e.url for e in self.engines]
 
-    def order(self, model: str | None, *, adapter: bool = False) -> list[EngineState]:
-        """Engines to try, best first: up before down, serving `model` before not; then, for
-        an adapter, its rendezvous order (the second engine first when the first has more than
-        `slack` more calls in flight), else round robin."""
-        n = len(self.engines)
-        if n == 1:
-            return list(self.engines)
+    def order(
+        self, model: str | None, *, adapter: bool = False, base: str | None = None
+    ) -> list[EngineState]:
+        """Engines to try, best first, among those serving `base` (all when None or when an
+        engine does not say its base): up before down, serving `model` before not; then, for
+        an adapter, its rendezvous order (app/engines/placement.py, the order the reconciler
+        places it by; the second engine first when the first has more than `slack` more calls
+        in flight), else round robin."""
+        engines = self.engines
+        if base is not None:
+            engines = [e for e in engines if e.serves_base(base)]
+        n = len(engines)
+        if n <= 1:
+            return list(engines)
         if not adapter or model is None:
             start = next(self._turn) % n
-            rotated = self.engines[start:] + self.engines[:start]
+            rotated = engines[start:] + engines[:start]
             return sorted(rotated, key=lambda e: (not e.up, model is not None and not e.has(model)))
         ranked = sorted(
-            self.engines, key=lambda e: (not e.up, not e.has(model), -affinity(e.url, model))
+            engines, key=lambda e: (not e.up, not e.has(model), -affinity(e.url, model))
         )
         first, second = ranked[0], ranked[1]
         same_footing = (first.up, first.has(model)) == (second.up, second.has(model))
@@ -204,9 +204,15 @@ class EnginePool:
             engine.mark_down()
             return False
         if kind.lists_models:
-            engine.models = model_ids(payload)
-        else:
-            engine.models = engine.models or frozenset()
+            listed = model_ids(payload)
+            engine.bases = base_ids(payload) or engine.bases
+            engine.resident = listed
+            if kind.keeps_evicted and engine.models is not None:
+                engine.models |= listed  # what it evicted stays callable
+            else:
+                engine.models = set(listed)
+        elif engine.models is None:
+            engine.models = set()
         return True
 
     async def close(self) -> None:

@@ -19,7 +19,7 @@ from fastapi import Request, Response
 
 from app.core.auth import ApiKey
 from app.core.errors import BadRequest, DatabaseUnavailable, NotFound, Unavailable
-from app.core.metrics import ROUTER_REQUESTS, ROUTING_DECISIONS, child
+from app.core.metrics import FIRST_TOKEN_COLD, ROUTER_REQUESTS, ROUTING_DECISIONS, child
 from app.gateway import request as call
 from app.gateway.assign import Assignment, RouteState
 from app.gateway.logsink import TENANT_KEY
@@ -172,7 +172,10 @@ async def _whole(
         }
     if upstream.status == 200 and isinstance(data, dict):
         record |= _completion_fields(data, kind)
-        record["ttft_ms"] = int((time.perf_counter() - sent.started) * 1000)
+        now = time.perf_counter()
+        record["ttft_ms"] = int((now - sent.started) * 1000)
+        if sent.cold_since is not None:
+            FIRST_TOKEN_COLD.observe(now - sent.cold_since)
         record["status"] = "ok"
         data["model"] = route_name
     else:
@@ -209,6 +212,7 @@ async def _streamed(
         route_name=route_name,
         answered=sent.kind,
         started=sent.started,
+        cold_since=sent.cold_since,
         record=record,
         writer=writer,
     )

@@ -10,7 +10,7 @@ import orjson
 from fastapi.responses import StreamingResponse
 from starlette.types import Receive, Scope, Send
 
-from app.core.metrics import ROUTER_REQUESTS, child
+from app.core.metrics import FIRST_TOKEN_COLD, ROUTER_REQUESTS, child
 from app.gateway.client import EngineResponse
 from app.gateway.logwriter import LogWriter
 from app.gateway.pool import ENGINE_ERRORS
@@ -59,9 +59,11 @@ async def relay(
     started: float,
     record: dict[str, Any],
     writer: LogWriter,
+    cold_since: float | None = None,
 ) -> AsyncIterator[bytes]:
     """The engine's events with `model` set to the route; logs the call however it ends.
-    `answered`: lora or base (the requests metric's kind)."""
+    `answered`: lora or base (the requests metric's kind); `cold_since`: when the call began
+    to wait for its adapter's load (its first token is a cold start's), None if it did not."""
     text: list[str] = []
     usage: dict[str, Any] = {}
     ttft_ms: int | None = None
@@ -87,7 +89,10 @@ async def relay(
                 piece = _delta_text(obj, kind)
                 if piece:
                     if ttft_ms is None:
-                        ttft_ms = int((time.perf_counter() - started) * 1000)
+                        now = time.perf_counter()
+                        ttft_ms = int((now - started) * 1000)
+                        if cold_since is not None:
+                            FIRST_TOKEN_COLD.observe(now - cold_since)
                     text.append(piece)
                 if obj.get("usage"):
                     usage = obj["usage"]

@@ -42,7 +42,10 @@ class Reconciler(Protocol):
         """Run passes in the background until stop()."""
 
     def kick(self) -> None:
-        """Ask for a pass now (an engine answered 404 for an adapter)."""
+        """Ask for a pass now."""
+
+    def want(self, adapter_id: str) -> None:
+        """Load this adapter now, into the engine that should hold it (a call waits for it)."""
 
     def stop(self) -> None:
         """Stop the passes (blocking: call it off the event loop)."""

@@ -46,6 +46,10 @@ class Sent:
     fallback: str | None
     started: float  # time.perf_counter() when the request went out
     kind: str = "lora"  # what answered: lora (an adapter) or base
+    # time.perf_counter() when the call began to wait for its adapter's load (a cold start:
+    # the router waited for the reconciler's load, or the engine did not hold it and loads
+    # it for this call); None when it was held.
+    cold_since: float | None = None
 
 
 def engine_unavailable(message: str, headers: dict[str, str] | None = None) -> Unavailable:
@@ -77,34 +81,48 @@ def _models(
     return out
 
 
-async def _loaded_somewhere(runtime: RouterRuntime, model: str) -> bool:
-    """True once an engine that is up lists `model`; waits up to CFT_ROUTER_LOAD_WAIT for
-    the load (the reconciler is woken, the engines probed every LOAD_POLL_S)."""
+async def _loaded_somewhere(runtime: RouterRuntime, model: str, base: str) -> float | None:
+    """None once an engine that is up and serves `base` may be sent `model` (at once: a cache
+    hit); else waits up to CFT_ROUTER_LOAD_WAIT for its load, asking the reconciler for it,
+    and returns when the wait began (time.perf_counter()) once it is there, or raises
+    NotLoaded when it never came."""
     engines = runtime.engines
 
     def listed() -> bool:
-        return any(e.up and e.has(model) for e in engines.engines)
+        return any(e.up and e.has(model) and e.serves_base(base) for e in engines.engines)
 
     if listed():
         _HIT.inc()
-        return True
+        return None
     if any(e.models is None for e in engines.engines):
         await engines.refresh()
         if listed():
             _HIT.inc()
-            return True
-    if runtime.reconciler is not None:
-        runtime.reconciler.kick()
+            return None
+    began = time.perf_counter()
+    reconciler = runtime.reconciler
+    if reconciler is not None:
+        reconciler.want(model)
     started = time.monotonic()
     deadline = started + runtime.load_wait
     found = False
+    # A reconciler in this process adds what it loads to the engines' lists itself: look
+    # often, probe nothing. One elsewhere is seen only through the engines' own lists.
+    poll = LOAD_POLL_S / 5 if reconciler is not None else LOAD_POLL_S
     while not found and time.monotonic() < deadline:
-        await asyncio.sleep(min(LOAD_POLL_S, max(0.0, deadline - time.monotonic())))
-        await engines.refresh()
+        await asyncio.sleep(min(poll, max(0.0, deadline - time.monotonic())))
+        if reconciler is None:
+            await engines.refresh()
         found = listed()
     LOAD_WAIT.observe(time.monotonic() - started)
     ADAPTER_LOOKUPS.labels("loaded" if found else "missing").inc()
-    return found
+    if not found:
+        raise NotLoaded
+    return began
+
+
+class NotLoaded(Exception):
+    """No engine had the adapter within CFT_ROUTER_LOAD_WAIT."""
 
 
 def adapter_not_loaded(state: RouteState, model: str, why: str) -> Unavailable:
@@ -133,12 +151,16 @@ async def _adapter_failed(
         resp.finish()
     child(ROUTER_REQUESTS, "lora", "error").inc()
     log.warning(
-        "adapter %s failed on %s (%s %s): falling back", model, engine.url, resp.status, detail
+        "adapter %s failed on %s (%s %s): trying the next engine",
+        model,
+        engine.url,
+        resp.status,
+        detail,
     )
-    if resp.status == 404:
-        engine.forget(model)
+    if resp.status < 500:
+        engine.forget(model)  # the engine says it does not hold it (restarted, refused)
     if runtime.reconciler is not None:
-        runtime.reconciler.kick()
+        runtime.reconciler.want(model)
 
 
 async def _refused(engine: EngineState, resp: EngineResponse) -> bool:
@@ -166,10 +188,11 @@ async def send(
     """Send to the first engine that answers with the assigned model; another model only as
     the route's fallback policy allows; 503 when nothing may answer.
 
-    An adapter goes to its engines in rendezvous order (EnginePool.order); an engine that
-    refuses it (404, or its kind's "not loaded") or answers 429 passes the call to the next
-    engine that lists it before any fallback. An adapter no engine lists yet is waited for
-    (CFT_ROUTER_LOAD_WAIT)."""
+    An adapter goes to its engines in rendezvous order (EnginePool.order), among those serving
+    the route's base; an engine that refuses it (404, or its kind's "not loaded") or answers
+    429 passes the call to the next engine that lists it before any fallback. An adapter no
+    engine lists yet, or that every engine listing it lost, is asked of the reconciler and
+    waited for (CFT_ROUTER_LOAD_WAIT)."""
     engines = runtime.engines
     want = assignment.adapter_id or state.base_model
     if want == state.base_model and state.base_model not in runtime.bases:
@@ -179,9 +202,13 @@ async def send(
             " must serve it or the route be recreated on a served base",
             code="base_model_not_served",
         )
-    missing = assignment.adapter_id is not None and not await _loaded_somewhere(
-        runtime, assignment.adapter_id
-    )
+    missing = False
+    waited: float | None = None
+    if assignment.adapter_id is not None:
+        try:
+            waited = await _loaded_somewhere(runtime, assignment.adapter_id, state.base_model)
+        except NotLoaded:
+            missing = True
     failed_adapter = False
     busy = False  # an engine answered 429: the call goes on to the next
     reached = False
@@ -189,45 +216,66 @@ async def send(
         is_adapter = model != state.base_model
         if model == want and missing:
             continue
-        for engine in engines.order(model, adapter=is_adapter):
-            if engine.models is None and not await engines.probe(engine):
-                ENGINE_FAILURES.labels(engine.url, "probe").inc()
-                continue
-            if not engine.up and reached:
-                continue
-            if is_adapter and not engine.has(model):
-                continue  # never route to an adapter the engine does not list
-            # The engine's kind decides how a model is named (SGLang base:adapter, LoRAX path).
-            body.pop("adapter_source", None)
-            body |= kind_of(engine.kind).model_fields(
-                model, base_model=state.base_model, adapter_path=engine.adapter_paths.get(model)
-            )
-            started = time.perf_counter()
+        # The assigned adapter gets a second round when every engine that listed it said it
+        # does not hold it (restarted): after waiting for the reconciler to load it again.
+        rounds = 2 if is_adapter and model == want else 1
+        for round_ in range(rounds):
+            lost = False
+            for engine in engines.order(model, adapter=is_adapter, base=state.base_model):
+                if engine.models is None and not await engines.probe(engine):
+                    ENGINE_FAILURES.labels(engine.url, "probe").inc()
+                    continue
+                if not engine.up and reached:
+                    continue
+                if is_adapter and not engine.has(model):
+                    continue  # never route to an adapter the engine does not list
+                # The engine's kind names the model (SGLang base:adapter, LoRAX its path).
+                body.pop("adapter_source", None)
+                body |= kind_of(engine.kind).model_fields(
+                    model, base_model=state.base_model, adapter_path=engine.adapter_paths.get(model)
+                )
+                started = time.perf_counter()
+                cold = waited if model == want else None
+                if is_adapter:
+                    engine.count_call(model)
+                    resident = engine.resident
+                    if resident is not None and model not in resident:
+                        cold = cold or started  # the engine loads it for this call
+                        resident.add(model)
+                try:
+                    resp = await engines.post(engine, path, orjson.dumps(body), stream=stream)
+                except ENGINE_ERRORS as exc:
+                    engine.mark_down()
+                    ENGINE_FAILURES.labels(engine.url, type(exc).__name__).inc()
+                    log.warning("engine %s failed (%r): trying the next one", engine.url, exc)
+                    continue
+                reached = True
+                child(ROUTER_LATENCY, "lora" if is_adapter else "base").observe(
+                    time.perf_counter() - started
+                )
+                if is_adapter and await _refused(engine, resp):
+                    lost = lost or resp.status < 500
+                    await _adapter_failed(runtime, engine, state, model, resp)
+                    failed_adapter = True
+                    continue
+                why = None
+                if fallback:
+                    why = "adapter_error" if failed_adapter else "not_loaded"
+                if resp.status == 429:
+                    resp.finish()
+                    busy = True  # another engine may take it
+                    continue
+                if why is not None:
+                    child(ROUTER_FALLBACKS, why).inc()
+                kind = "lora" if is_adapter else "base"
+                return Sent(resp, engine, model, why, started, kind, cold if is_adapter else None)
+            if round_ + 1 == rounds or not lost or busy:
+                break
             try:
-                resp = await engines.post(engine, path, orjson.dumps(body), stream=stream)
-            except ENGINE_ERRORS as exc:
-                engine.mark_down()
-                ENGINE_FAILURES.labels(engine.url, type(exc).__name__).inc()
-                log.warning("engine %s failed (%r): trying the next one", engine.url, exc)
-                continue
-            reached = True
-            child(ROUTER_LATENCY, "lora" if is_adapter else "base").observe(
-                time.perf_counter() - started
-            )
-            if is_adapter and await _refused(engine, resp):
-                await _adapter_failed(runtime, engine, state, model, resp)
-                failed_adapter = True
-                continue
-            why = None
-            if fallback:
-                why = "adapter_error" if failed_adapter else "not_loaded"
-            if resp.status == 429:
-                resp.finish()
-                busy = True  # another engine may take it
-                continue
-            if why is not None:
-                child(ROUTER_FALLBACKS, why).inc()
-            return Sent(resp, engine, model, why, started, "lora" if is_adapter else "base")
+                waited = await _loaded_somewhere(runtime, model, state.base_model)
+            except NotLoaded:
+                break
+            waited = waited or time.perf_counter()
         if busy:
             raise TooManyRequests(
                 f"every engine serving {model!r} is busy (429); retry shortly",

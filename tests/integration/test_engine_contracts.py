@@ -119,42 +119,79 @@ def test_vllm_without_runtime_lora_updating_is_a_readable_failure(stack: Stack) 
             assert resp.headers["x-cft-fallback"] == "not_loaded"
 
 
-def test_sglang_kind_loads_names_base_colon_adapter_and_unloads(stack: Stack) -> None:
+def loads_of(fake: FakeSGLang) -> list[str]:
+    """The adapters the reconciler asked SGLang to load, in order."""
+    return [b["lora_name"] for p, b in fake.requests if p == "/load_lora_adapter"]
+
+
+def test_sglang_pins_prods_an_eviction_is_not_a_loss_and_a_restart_is(stack: Stack) -> None:
     fake = FakeSGLang(BASE)
-    # Passes only on start, NOTIFY and the router's kick: the eviction below stays unseen
-    # until the router meets it.
+    # Passes only on start, NOTIFY and the router's asks: nothing below is seen by a timer.
     stack.settings = stack.settings.model_copy(update={"reconcile_interval": 60.0})
-    # This route lets the base answer while its adapter is reloaded (fallback 'base').
-    stack.sql("UPDATE serve.route SET fallback = 'base' WHERE name = %s", stack.route["name"])
     prod = stack.adapter(status="prod", pct=100)
     with serve_app(fake.app, ready_path="/health") as engine:
         app = create_app(stack.settings, db_url=stack.db_url, engine_urls=[f"sglang+{engine}"])
         with serve_app(app) as api:
             wait_until(lambda: stack.deployment(prod).get("state") == "loaded", "load")
-            assert (
-                "/load_lora_adapter",
-                {"lora_name": prod, "lora_path": str(stack.settings.serving_path / prod)},
-            ) in fake.requests
+            path = str(stack.settings.serving_path / prod)
+            pinned_load = {"lora_name": prod, "lora_path": path, "pinned": True}
+            assert ("/load_lora_adapter", pinned_load) in fake.requests
+            assert fake.pinned == {prod}  # a prod is pinned (SGLang never evicts it)
             resp = stack.call(api)
             assert resp.status_code == 200, resp.text
             assert resp.headers["x-cft-adapter"] == prod
             assert fake.served[-1] == f"{BASE}:{prod}"
             assert resp.json()["model"] == stack.route["name"]
-            # Evicted behind the reconciler's back (--max-loaded-loras): SGLang's 400 "not
-            # loaded" makes the router fall back at once, and the reconciler loads it again.
+            # Evicted by SGLang (its LRU, above --max-loaded-loras): no longer listed, but
+            # SGLang loads it again for the call that names it. Nothing is reloaded by cft.
             del fake.loras[prod]
             resp = stack.call(api)
             assert resp.status_code == 200, resp.text
-            assert resp.headers["x-cft-adapter"] == BASE
-            assert resp.headers["x-cft-fallback"] == "adapter_error"
-            wait_until(lambda: prod in fake.loras, "reload")
-            wait_until(lambda: stack.call(api).headers["x-cft-adapter"] == prod, "route back")
+            assert resp.headers["x-cft-adapter"] == prod and "x-cft-fallback" not in resp.headers
+            assert fake.reloads == 1 and loads_of(fake) == [prod]
+            # A restarted SGLang remembers nothing: its 400 "never been loaded" makes the router
+            # ask the reconciler for it, and the same call is answered by it once loaded (no
+            # fallback: the route allows none).
+            fake.restart()
+            resp = stack.call(api)
+            assert resp.status_code == 200, resp.text
+            assert resp.headers["x-cft-adapter"] == prod and "x-cft-fallback" not in resp.headers
+            assert loads_of(fake) == [prod, prod] and fake.pinned == {prod}
             stack.retire(prod)
             wait_until(lambda: prod not in fake.loras, "unload")
             assert ("/unload_lora_adapter", {"lora_name": prod}) in fake.requests
             wait_until(lambda: stack.deployment(prod)["state"] == "unloaded", "unload recorded")
             assert stack.call(api).headers["x-cft-adapter"] == BASE
             assert fake.served[-1] == BASE
+
+
+def test_sglang_at_its_cap_settles(stack: Stack) -> None:
+    """20 prods on an SGLang that keeps 8: the reconciler loads 8 ahead (its pin limit of
+    them pinned), every prod answers its calls (SGLang loads the others for them, evicting
+    unpinned ones), and passes after that load nothing: no reload loop."""
+    fake = FakeSGLang(BASE, max_loaded_loras=8, max_loras_per_batch=8)
+    routes = [stack.route] + [stack.add_route() for _ in range(19)]
+    prods = [stack.adapter(status="prod", pct=100, route=r) for r in routes]
+    with serve_app(fake.app, ready_path="/health") as engine:
+        app = create_app(stack.settings, db_url=stack.db_url, engine_urls=[f"sglang+{engine}"])
+        with serve_app(app) as api:
+            reconciler = app.state.router.reconciler
+            wait_until(lambda: len(loads_of(fake)) == 8, "the hot set loaded ahead")
+            assert len(fake.loras) == 8 and len(fake.pinned) == 4  # pins leave half free
+            pinned = set(fake.pinned)
+            for _ in range(2):
+                for route, prod in zip(routes, prods, strict=True):
+                    resp = stack.call(api, route=route)
+                    assert resp.status_code == 200, resp.text
+                    assert resp.headers["x-cft-adapter"] == prod
+                assert len(fake.loras) <= 8 and pinned <= set(fake.loras)
+            # 8 ahead, then each of the 12 others once, when its first call asked for it.
+            assert sorted(loads_of(fake)) == sorted(prods) and fake.evictions >= 12
+            settled = len(loads_of(fake))
+            passes = reconciler.passes
+            wait_until(lambda: reconciler.passes >= passes + 3, "three more passes", 10)
+            assert len(loads_of(fake)) == settled  # nothing reloaded: it settled
+            assert pinned <= set(fake.loras)
 
 
 def test_lorax_kind_stages_verified_files_and_names_the_adapter_per_request(

@@ -6,6 +6,12 @@ model: a completion's text names the model that served it. FakeVLLM answers as v
 does running (tests/integration/test_vllm_engine.py drives the real one); SGLang's and
 LoRAX's were written from their source (they need a GPU).
 
+vLLM and SGLang also keep adapters as their sources do: at most a capacity of them loaded
+(vLLM's --max-cpu-loras, SGLang's --max-loaded-loras), the least recently used evicted first,
+and each load taking `load_latency` seconds (a number, or a (low, high) range drawn from
+uniformly), one load at a time per engine (vLLM's engine core and SGLang's lora_update_lock
+serialise them). `loads` counts the loads each did (asked for, or made by a call).
+
 write_adapter's tensors are zeros of one square-ish shape: enough for the contract check and
 the fakes, not for a real engine (vLLM checks each module's shape); tests/support/lora.py
 makes real adapters.
@@ -13,9 +19,12 @@ makes real adapters.
 
 from __future__ import annotations
 
+import asyncio
 import json
+import random
 import struct
 import time
+from collections import OrderedDict
 from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
@@ -93,13 +102,20 @@ def _completion(model: str, kind: str, text: str) -> dict[str, Any]:
     }
 
 
-class FakeEngine:
-    """What every fake records: the requests it got (path, body) and the models that served."""
+Latency = float | tuple[float, float]
 
-    def __init__(self, base_model: str) -> None:
+
+class FakeEngine:
+    """What every fake records: the requests it got (path, body) and the models that served;
+    and how long a load takes (`load_latency`, one load at a time)."""
+
+    def __init__(self, base_model: str, *, load_latency: Latency = 0.0) -> None:
         self.base_model = base_model
         self.requests: list[tuple[str, dict[str, Any]]] = []
         self.served: list[str] = []
+        self.load_latency = load_latency
+        self.loads = 0  # adapters loaded (asked for, or by a call)
+        self._load_lock: asyncio.Lock | None = None
         self.app = FastAPI()
 
         @self.app.middleware("http")
@@ -121,6 +137,17 @@ class FakeEngine:
     def paths(self) -> list[str]:
         """The paths requested so far."""
         return [p for p, _ in self.requests]
+
+    async def _loading(self) -> None:
+        """Take one load's time, one load at a time (call under nothing: it queues)."""
+        if self._load_lock is None:
+            self._load_lock = asyncio.Lock()
+        async with self._load_lock:
+            latency = self.load_latency
+            seconds = random.uniform(*latency) if isinstance(latency, tuple) else latency
+            if seconds > 0:
+                await asyncio.sleep(seconds)
+            self.loads += 1
 
 
 # -- vLLM ------------------------------------------------------------------------------------
@@ -170,6 +197,10 @@ class FakeVLLM(FakeEngine):
 
     `resolver_dir`: the filesystem resolver's VLLM_LORA_RESOLVER_CACHE_DIR (with the runtime
     routes on, a call naming an adapter not loaded reads resolver_dir/<name>).
+    `max_cpu_loras`: its LoRA cache (vllm/lora/worker_manager.py LRUCacheWorkerLoRAManager):
+    every adapter a call or a load needs is read into it, the least recently used one evicted
+    above the capacity; an evicted adapter stays registered (listed, callable) and is read
+    again from its path by the next call that names it.
     """
 
     SUPPORTED = frozenset(
@@ -194,8 +225,12 @@ class FakeVLLM(FakeEngine):
         runtime_lora_updating: bool = True,
         can_read: bool = True,
         resolver_dir: Path | None = None,
+        max_cpu_loras: int | None = None,
+        load_latency: Latency = 0.0,
     ) -> None:
-        super().__init__(base_model)
+        super().__init__(base_model, load_latency=load_latency)
+        self.max_cpu_loras = max_cpu_loras
+        self.cache: OrderedDict[str, None] = OrderedDict()  # resident, least recent first
         self.max_lora_rank = max_lora_rank
         self.can_read = can_read
         self.resolver_dir = resolver_dir if runtime_lora_updating else None
@@ -249,6 +284,7 @@ class FakeVLLM(FakeEngine):
                     )
                 if problem:
                     return _worker_refused(problem)
+                await self._into_cache(name)
                 self.loras[name] = path
                 return PlainTextResponse(f"Success: LoRA adapter '{name}' added successfully.")
 
@@ -266,15 +302,16 @@ class FakeVLLM(FakeEngine):
                         f"The lora adapter '{name}' cannot be found.", "NotFoundError", 404
                     )
                 del self.loras[name]
+                self.cache.pop(name, None)
                 return PlainTextResponse(f"Success: LoRA adapter '{name}' removed successfully.")
 
         @app.post("/v1/completions")
         async def completions(request: Request) -> Response:
-            return self._generate(await request.json(), "text")
+            return await self._call(await request.json(), "text")
 
         @app.post("/v1/chat/completions")
         async def chat(request: Request) -> Response:
-            return self._generate(await request.json(), "chat")
+            return await self._call(await request.json(), "chat")
 
         @app.get("/metrics")
         async def metrics() -> Response:
@@ -333,6 +370,29 @@ class FakeVLLM(FakeEngine):
             )
         return None
 
+    async def _into_cache(self, name: str) -> None:
+        """Read an adapter into the LoRA cache (a load's time), evicting the least recently
+        used above max_cpu_loras; one already there is only touched."""
+        if name in self.cache:
+            self.cache.move_to_end(name)
+            return
+        await self._loading()
+        self.cache[name] = None
+        if self.max_cpu_loras is not None:
+            while len(self.cache) > self.max_cpu_loras:
+                self.cache.popitem(last=False)
+
+    async def _call(self, body: dict[str, Any], kind: str) -> Response:
+        """A completion: an adapter it knows (or resolves) is read into the cache first."""
+        model = body.get("model")
+        if model != self.base_model and model not in self.loras and self.resolver_dir:
+            path = self.resolver_dir / str(model)
+            if (path / "adapter_config.json").is_file() and self._load_problem(path) is None:
+                await self._into_cache(str(model))
+        elif model in self.loras:
+            await self._into_cache(str(model))
+        return self._generate(body, kind)
+
     def _resolve(self, name: str) -> Response | None:
         """The filesystem resolver: None when resolver_dir/<name> loaded, else vLLM's error."""
         path = self.resolver_dir / name if self.resolver_dir else None
@@ -377,16 +437,35 @@ class FakeVLLM(FakeEngine):
 
 class FakeSGLang(FakeEngine):
     """SGLang's server with --enable-lora (python/sglang/srt/entrypoints/http_server.py,
-    managers/tokenizer_control_mixin.py, lora/lora_registry.py, entrypoints/openai/serving_base
-    `base:adapter` model names)."""
+    managers/tokenizer_control_mixin.py load_lora_adapter, managers/tokenizer_manager.py
+    _resolve_lora_path, lora/lora_registry.py, lora/lora_manager.py validate_new_adapter,
+    entrypoints/openai/serving_base `base:adapter` model names).
+
+    `loras` is its registry (name -> path, least recently used first: a call counts as a
+    use); `pinned` the pinned names; `known` every adapter it ever loaded (its lora_ref_cache:
+    name -> (path, pinned)). Above `max_loaded_loras` a load evicts the least recently used
+    unpinned adapter from the registry; a call naming an evicted adapter loads it again first
+    (`reloads` counts those). A restart forgets everything (`restart()`).
+    """
 
     def __init__(
-        self, base_model: str, *, enable_lora: bool = True, max_loaded_loras: int | None = None
+        self,
+        base_model: str,
+        *,
+        enable_lora: bool = True,
+        max_loaded_loras: int | None = None,
+        max_loras_per_batch: int = 8,
+        load_latency: Latency = 0.0,
     ) -> None:
-        super().__init__(base_model)
+        super().__init__(base_model, load_latency=load_latency)
         self.enable_lora = enable_lora
         self.max_loaded_loras = max_loaded_loras
+        self.max_loras_per_batch = max_loras_per_batch
         self.loras: dict[str, str] = {}  # insertion order = least recently used first
+        self.pinned: set[str] = set()
+        self.known: dict[str, tuple[str, bool]] = {}
+        self.reloads = 0
+        self.evictions = 0
         app = self.app
 
         @app.get("/v1/models")
@@ -401,25 +480,26 @@ class FakeSGLang(FakeEngine):
                 ]
             return {"object": "list", "data": cards}
 
+        @app.get("/get_server_info")
+        async def server_info() -> dict[str, Any]:
+            # dataclasses.asdict(server_args) | scheduler_info | version: the fields cft reads.
+            return {
+                "model_path": base_model,
+                "served_model_name": base_model,
+                "enable_lora": self.enable_lora,
+                "max_loaded_loras": self.max_loaded_loras,
+                "max_loras_per_batch": self.max_loras_per_batch,
+                "weight_version": "default",
+                "version": "0.5.4",
+            }
+
         @app.post("/load_lora_adapter")
         async def load(request: Request) -> Response:
             body = await request.json()
-            name, path = body.get("lora_name"), body.get("lora_path")
-            if not self.enable_lora:
-                return self._update(
-                    False, "LoRA is not enabled. Please set `--enable-lora` to enable LoRA."
-                )
-            if name in self.loras:
-                return self._update(
-                    False, f"LoRA with name {name} already exists. Loaded LoRAs: {self._keys()}"
-                )
-            if not (Path(path) / "adapter_config.json").is_file():
-                return self._update(False, f"Failed to load LoRA adapter {name} from {path}.")
-            self.loras[name] = path
-            if self.max_loaded_loras is not None:
-                while len(self.loras) > self.max_loaded_loras:
-                    self.loras.pop(next(iter(self.loras)))  # LRU eviction
-            return self._update(True, "")
+            ok, message = await self._load(
+                body.get("lora_name"), body.get("lora_path"), bool(body.get("pinned"))
+            )
+            return self._update(ok, message)
 
         @app.post("/unload_lora_adapter")
         async def unload(request: Request) -> Response:
@@ -432,19 +512,59 @@ class FakeSGLang(FakeEngine):
                 return self._update(
                     False, f"LoRA with name {name} does not exist. Loaded LoRAs: {self._keys()}"
                 )
-            del self.loras[name]
+            del self.loras[name]  # lora_ref_cache keeps it: a call naming it loads it again
+            self.pinned.discard(name)
             return self._update(True, "")
 
         @app.post("/v1/completions")
         async def completions(request: Request) -> Response:
-            return self._generate(await request.json(), "text")
+            return await self._generate(await request.json(), "text")
 
         @app.post("/v1/chat/completions")
         async def chat(request: Request) -> Response:
-            return self._generate(await request.json(), "chat")
+            return await self._generate(await request.json(), "chat")
+
+    def restart(self) -> None:
+        """A new server process: no adapter registered or remembered."""
+        self.loras.clear()
+        self.pinned.clear()
+        self.known.clear()
 
     def _keys(self) -> str:
         return f"dict_keys({list(self.loras)!r})"
+
+    async def _load(self, name: Any, path: Any, pinned: bool) -> tuple[bool, str]:
+        """TokenizerControlMixin.load_lora_adapter: load, register, then evict down to
+        max_loaded_loras (the least recently used unpinned adapter first)."""
+        if not self.enable_lora:
+            return False, "LoRA is not enabled. Please set `--enable-lora` to enable LoRA."
+        if name in self.loras:
+            return False, f"LoRA with name {name} already exists. Loaded LoRAs: {self._keys()}"
+        if not (Path(str(path)) / "adapter_config.json").is_file():
+            return False, f"Failed to load LoRA adapter {name} from {path}."
+        if pinned and len(self.pinned) >= self.max_loras_per_batch - 1:
+            return False, (
+                f"Failed to load LoRA adapter {name} as a pinned adapter. It is not allowed to"
+                " pin all slots in the LoRA memory pool to avoid starvation for unpinned"
+                " adapters and base models. Please increase your `--max-loras-per-batch` or"
+                " load it as unpinned LoRA adapters."
+            )
+        await self._loading()
+        self.loras[name] = str(path)
+        self.known[name] = (str(path), pinned)
+        if pinned:
+            self.pinned.add(name)
+        if self.max_loaded_loras is not None:
+            while len(self.loras) > self.max_loaded_loras:
+                victim = next((n for n in self.loras if n not in self.pinned), None)
+                if victim is None:
+                    return False, (
+                        "Didn't find any LoRA adapters when trying to evict LRU LoRA adapter."
+                        f" LoRA registry is: {self._keys()}"
+                    )
+                del self.loras[victim]
+                self.evictions += 1
+        return True, ""
 
     def _update(self, success: bool, message: str) -> Response:
         body = {
@@ -454,27 +574,38 @@ class FakeSGLang(FakeEngine):
         }
         return JSONResponse(body, status_code=200 if success else 400)
 
-    def _generate(self, body: dict[str, Any], kind: str) -> Response:
+    async def _generate(self, body: dict[str, Any], kind: str) -> Response:
         model = str(body.get("model", ""))
         base, _, adapter = (p.strip() for p in model.partition(":"))
         if adapter:
+            if adapter not in self.loras and adapter in self.known:
+                # _resolve_lora_path: "Reloading evicted adapter", with its pinned flag.
+                path, pinned = self.known[adapter]
+                ok, message = await self._load(adapter, path, pinned)
+                if ok:
+                    self.reloads += 1
+                elif "already exists" not in message:
+                    return _sglang_error(message)
             if adapter not in self.loras:
-                # registry.acquire's ValueError, answered by create_error_response (400).
-                message = (
-                    f"The following requested LoRA adapters are not loaded: {adapter}\n"
-                    f"Loaded adapters: {self._keys()}."
+                return _sglang_error(
+                    f"Got LoRA adapter that has never been loaded: {adapter}\n"
+                    f"All loaded adapters: {list(self.known)!r}."
                 )
-                error = {
-                    "object": "error",
-                    "message": message,
-                    "type": "BadRequestError",
-                    "param": None,
-                    "code": 400,
-                }
-                return JSONResponse(error, status_code=400)
             self.loras[adapter] = self.loras.pop(adapter)  # most recently used
         self.served.append(model)
         return JSONResponse(_completion(model, kind, f"served by {adapter or base}"))
+
+
+def _sglang_error(message: str) -> JSONResponse:
+    # A ValueError of the request's admission, answered by create_error_response (400).
+    error = {
+        "object": "error",
+        "message": message,
+        "type": "BadRequestError",
+        "param": None,
+        "code": 400,
+    }
+    return JSONResponse(error, status_code=400)
 
 
 # -- LoRAX -----------------------------------------------------------------------------------

@@ -40,14 +40,9 @@ class Stack:
         self.base = base
         self.store = LocalStore(tmp_path / "store")
         with psycopg.connect(db_url, autocommit=True, row_factory=dict_row) as c:
-            tenant = make_tenant(c)
-            self.route = make_route(c, tenant_id=tenant["id"], base_model=base)
-            self.key = create_key(c, tenant_id=tenant["id"], role="client")
-            c.execute(
-                "INSERT INTO train.promotion_policy (tenant_id, route, suite_id, metric, direction)"
-                " VALUES (%s, %s, 'tasks', 'accuracy', 'higher')",
-                (self.route["tenant_id"], self.route["name"]),
-            )
+            self.tenant = make_tenant(c)
+            self.key = create_key(c, tenant_id=self.tenant["id"], role="client")
+        self.route = self.add_route()
         self.settings = get_settings().model_copy(
             update={
                 "serving_dir": serving_dir or tmp_path / "serving",
@@ -55,6 +50,17 @@ class Stack:
                 "router_load_wait": 0.5,
             }
         )
+
+    def add_route(self) -> dict[str, Any]:
+        """Another route of the tenant on the same base, with a promotion policy."""
+        with psycopg.connect(self.db_url, autocommit=True, row_factory=dict_row) as c:
+            route: dict[str, Any] = make_route(c, tenant_id=self.tenant["id"], base_model=self.base)
+            c.execute(
+                "INSERT INTO train.promotion_policy (tenant_id, route, suite_id, metric, direction)"
+                " VALUES (%s, %s, 'tasks', 'accuracy', 'higher')",
+                (route["tenant_id"], route["name"]),
+            )
+        return route
 
     def adapter(
         self,
@@ -64,12 +70,14 @@ class Stack:
         rank: int = 8,
         tamper: bool = False,
         source: Path | None = None,
+        route: dict[str, Any] | None = None,
     ) -> str:
         """Store an adapter directory (`source`, else a synthetic one of `rank`) and register
-        it on the route; its id."""
+        it on the route (`route`, else the stack's first); its id."""
+        route = route or self.route
         version = f"v-{uuid.uuid4().hex[:8]}"
         src = source or write_adapter(self.tmp / "src" / version, rank=rank)
-        stored = self.store.put_dir(src, self.route["name"], version)
+        stored = self.store.put_dir(src, route["name"], version)
         if tamper:
             weights = Path(stored.uri.removeprefix("file://")) / WEIGHTS_FILE
             weights.chmod(0o644)
@@ -77,8 +85,8 @@ class Stack:
         with psycopg.connect(self.db_url, autocommit=True, row_factory=dict_row) as c:
             row = make_adapter(
                 c,
-                route=self.route,
-                id=f"{self.route['name']}-{version}",
+                route=route,
+                id=f"{route['name']}-{version}",
                 status=status,
                 traffic_pct=pct,
                 rank=rank,
@@ -113,9 +121,12 @@ class Stack:
         with psycopg.connect(self.db_url, autocommit=True) as c:
             c.execute(query, args)
 
-    def call(self, api: str, user: str = "u1", **over: Any) -> httpx.Response:
-        """One completion through the router for the route."""
-        body = {"model": self.route["name"], "prompt": "Hi", "max_tokens": 2, "user": user}
+    def call(
+        self, api: str, user: str = "u1", *, route: dict[str, Any] | None = None, **over: Any
+    ) -> httpx.Response:
+        """One completion through the router for the route (`route`, else the first)."""
+        name = (route or self.route)["name"]
+        body = {"model": name, "prompt": "Hi", "max_tokens": 2, "user": user}
         return httpx.post(
             f"{api}/v1/completions",
             json=body | over,

@@ -1,70 +1,74 @@
-"""Keep every engine's loaded adapters equal to serve.adapter's canary and prod adapters.
+"""Keep the engines serving serve.adapter's canary and prod adapters, each engine its share.
 
-One pass, per engine: read its /v1/models; for each desired adapter it lacks (new, or lost in
-an engine restart), fetch the artefact into the serving directory, verify its sha256 against
-the registry (a mismatch is never loaded), and load it with lora_name = the adapter id (ids
-are unique per version, so a name is never reused); then unload the adapters
-this reconciler loaded that are no longer canary or prod (each route's previous prod stays
-loaded, so a rollback needs no load). Loads come before unloads, so a promoted adapter is
-ready before the old one goes. Outcomes go to serve.adapter_deployment (one row per adapter
-and engine), the log and the metrics.
+Desired state: every canary and prod adapter, each route's previous prod (so a rollback needs
+no load), and any adapter asked for with want() lately (the router's wait path; a candidate
+the fine-tuning API serves). Each goes to one engine, the first of its rendezvous order among
+the engines that are up and serve its base (app/engines/placement.py, the order the router
+sends its calls by), and each engine loads ahead only its share's hottest adapters, up to its
+capacity: canaries, then prods by recent calls, then previous prods. The rest is loaded when a
+call needs it: the router, finding no engine that lists it, asks want(adapter) and waits, and
+the next load on that adapter's engine is that one. An engine evicts what it no longer has
+room for by itself (vLLM's and SGLang's LRU); nothing is reloaded for that.
+
+A load fetches the artefact into the serving directory, verifies its sha256 against the
+registry (a mismatch is never loaded) and loads it with lora_name = the adapter id (ids are
+unique per version, so a name is never reused). Loads run one at a time per engine, engines in
+parallel; loads come before unloads, so a promoted adapter is ready before the old one goes.
+An adapter that left canary/prod is unloaded once UNLOAD_GRACE_S have passed. Outcomes go to
+serve.adapter_deployment (one row per adapter and engine), the log and the metrics.
 
 The engine's kind decides the calls (app/engines): vLLM and the local engine POST
-/v1/load_lora_adapter, SGLang POST /load_lora_adapter. A kind that loads nothing ahead (LoRAX,
-vLLM with its filesystem resolver: `vllm-lazy`) reads an adapter from the serving directory on
-its first request, so the reconciler only verifies and stages the files there, records the
-deployment ('loaded' = staged and verified), and tells the router which adapters it may name
-(EngineState.models / adapter_paths). Every staged copy names its base as the engines serve
-it (adapter_config.json's base_model_name_or_path = serve.adapter.base_model), which vLLM's
-resolver requires.
+/v1/load_lora_adapter, SGLang POST /load_lora_adapter (pinning its hottest prods: an evicted
+SGLang adapter is not resident, not lost, and SGLang loads it again on its next call). A kind
+that loads nothing ahead (LoRAX, vLLM with its filesystem resolver: `vllm-lazy`) reads an
+adapter from the serving directory on its first request, so the reconciler only verifies and
+stages every desired adapter there, records the deployment ('loaded' = staged and verified),
+and tells the router which adapters it may name (EngineState.models / adapter_paths).
 
-Passes run on NOTIFY cft_adapter, when the gateway asks (an engine said 404), and every
-`interval` seconds. Between passes the thread blocks in select() on its one kept connection
-(which both LISTENs and runs the passes) and a wake-up socket for kick() and stop(): idle, it
-costs nothing (a 0.1 s poll and a connection per pass cost the API process 10-14 ms of CPU per
-second; BENCHMARKS.md, "Router against LiteLLM"). It runs inside the API process (a thread,
+Passes run on NOTIFY cft_adapter, on want() and kick(), and every `interval` seconds
+(workers/reconciler/loop.py). A pass reads serve.adapter only after a NOTIFY (or every
+DESIRED_REREAD_S), and keeps each engine's deployments in memory (read once when it starts
+leading), so a pass at 10,000 adapters is one probe per engine and a walk over its share
+(BENCHMARKS.md, "The fleet at 10,000 routes"). It runs inside the API process (a thread,
 started with the router runtime: see cft/serve.py) or standalone as `cft worker reconcile`
 (workers/reconciler/cli.py).
 """
 
 from __future__ import annotations
 
-import contextlib
 import logging
-import select
-import shutil
-import socket
-import tempfile
 import threading
 import time
+from collections import deque
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import httpx
 import psycopg
-from psycopg.rows import dict_row
 
 from app.core import artefacts
 from app.core.config import Settings, get_settings
 from app.core.db import Connection
 from app.core.metrics import (
-    COLD_START_SECONDS,
     COLD_STARTS,
     ENGINE_LORA_ADAPTERS,
+    RECONCILER_CPU,
     RECONCILER_ERRORS,
     ROUTER_ACTIVE_ADAPTERS,
 )
 from app.engines.base import Outcome
 from app.engines.kinds import kind_of
-from app.engines.lora_metrics import vllm_lora_state
-from app.engines.state import EngineState, model_ids
-from app.engines.vllm import CONFIG_FILE, stage_config
+from app.engines.placement import CANARY, PREVIOUS, PROD, Candidate, Placement
+from app.engines.state import EngineState
+from workers.reconciler.loads import Loaded, Loads
+from workers.reconciler.loop import CHANNEL, PassLoop
+from workers.reconciler.probe import Prober
+from workers.reconciler.staging import Desired, Stager
+
+__all__ = ["CHANNEL", "LEADER_LOCK", "PassReport", "Reconciler", "in_router"]
 
 log = logging.getLogger("cft.reconciler")
-
-# serve.adapter's change trigger (sql/serve/adapter_audit.sql) notifies here on every change of
-# an adapter; the router's route cache has a channel of its own (app/gateway/table.py).
-CHANNEL = "cft_adapter"
 
 # A refused artefact (sha256 mismatch, fetch failure) is retried after this many seconds.
 RETRY_FAILED_AFTER = 60.0
@@ -76,17 +80,31 @@ LEADER_LOCK = 0x63667401
 # route cache has not applied the change yet (NOTIFY's lag, another API replica) still finds it
 # loaded, rather than a 404 for a call it routed a moment before.
 UNLOAD_GRACE_S = 3.0
+# An adapter asked for with want() stays desired this long after the last ask.
+WANT_KEEP_S = 600.0
+# serve.adapter is read again after a NOTIFY, and at least this often.
+DESIRED_REREAD_S = 60.0
+# Recent calls per adapter (the hot set's order) halve this often.
+TRAFFIC_HALF_LIFE_S = 300.0
 
-
-@dataclass(frozen=True)
-class Desired:
-    """An adapter that should be loaded on every engine."""
-
-    id: str
-    route: str
-    base_model: str
-    weights_uri: str
-    sha256: str
+_DESIRED = (
+    "SELECT id, route, base_model, weights_uri, sha256,"
+    " CASE status WHEN 'canary' THEN %(canary)s WHEN 'prod' THEN %(prod)s"
+    " ELSE %(previous)s END AS rank"
+    " FROM serve.adapter"
+    " WHERE (status IN ('canary', 'prod') OR (tainted_at IS NULL AND id IN ("
+    "  SELECT previous_prod_id FROM serve.adapter"
+    "   WHERE status = 'prod' AND previous_prod_id IS NOT NULL)))"
+    " AND weights_uri IS NOT NULL AND sha256 IS NOT NULL"
+)
+_RANKS = {"canary": CANARY, "prod": PROD, "previous": PREVIOUS}
+# An adapter asked for by id: any with a verified artefact that is not retired or failed (a
+# candidate the fine-tuning API serves, an adapter whose NOTIFY has not come yet).
+_WANTED = (
+    "SELECT id, route, base_model, weights_uri, sha256, %(previous)s AS rank FROM serve.adapter"
+    " WHERE id = ANY(%(ids)s) AND status NOT IN ('retired', 'failed')"
+    " AND weights_uri IS NOT NULL AND sha256 IS NOT NULL AND tainted_at IS NULL"
+)
 
 
 @dataclass
@@ -99,8 +117,8 @@ class PassReport:
     engines_down: list[str] = field(default_factory=list)
 
 
-class Reconciler:
-    """Desired state from serve.adapter, actual state from each engine's /v1/models."""
+class Reconciler(PassLoop):
+    """Desired state from serve.adapter, actual state from each engine's own list."""
 
     def __init__(
         self,
@@ -111,58 +129,115 @@ class Reconciler:
         settings: Settings | None = None,
         interval: float = 5.0,
     ):
-        self.db_url = db_url
+        super().__init__(db_url, interval=interval)
         self.engines = engines
         self.serving_dir = serving_dir
         self.settings = settings or get_settings()
-        self.interval = interval
         self.client = httpx.Client(timeout=httpx.Timeout(10.0, read=300.0))
-        self._kick = threading.Event()
-        self._stop = threading.Event()
-        # kick() and stop() send a byte here to wake the loop out of select(). Socket objects,
-        # not raw pipe fds: a kick after close() raises instead of writing to a reused fd.
-        self._wake_r, self._wake_w = socket.socketpair()
-        self._wake_r.setblocking(False)
-        self._wake_w.setblocking(False)
-        # The one kept connection: LISTENs between passes and runs them (None when lost).
-        self._conn: Connection | None = None
-        self._thread: threading.Thread | None = None
+        self.stager = Stager(serving_dir, self.settings)
+        self.placement = Placement(engines)
+        self.loads = Loads(engines, self.client, self.stager, spent=self._spent, stop=self._stop)
+        self.prober = Prober(self.client, self.settings, pinned=self.loads.pinned)
         self._failed_at: dict[tuple[str, str], float] = {}  # (adapter, engine)
         self.passes = 0
         # True while the kept connection holds LEADER_LOCK.
         self.leader = False
-        # Adapters within UNLOAD_GRACE_S of leaving canary/prod (read each pass).
+        # Adapters within UNLOAD_GRACE_S of leaving canary/prod (read when something changed).
         self._leaving: set[str] = set()
+        self._desired: dict[str, Desired] | None = None
+        self._reread_at = 0.0
+        # Per engine URL, each adapter's deployment state as recorded (read once per leadership).
+        self._deployed: dict[str, dict[str, str]] | None = None
+        # want(): adapter -> when last asked; the asks not yet taken by a pass.
+        self._wants_lock = threading.Lock()
+        self._wanted: dict[str, float] = {}
+        self._asked: set[str] = set()
+        self._traffic: dict[str, float] = {}
+        self._traffic_halved_at = time.monotonic()
+        self.cpu_seconds = 0.0  # CPU time of passes and loads (cft_reconciler_cpu_seconds_total)
+        self._cpu_lock = threading.Lock()
         self.last: PassReport | None = None
         self.ready = threading.Event()
+
+    # -- what the router asks -------------------------------------------------------------
+
+    def want(self, adapter_id: str) -> None:
+        """Load this adapter now, ahead of every other load, into the engine that should hold
+        it (the first of its rendezvous order that is up and serves its base); it stays
+        desired for WANT_KEEP_S after the last ask, whatever its status (a candidate too), as
+        long as it has a verified artefact and is not retired, failed or tainted. Returns at
+        once: the load lands in EngineState.models (the router waits for it there)."""
+        with self._wants_lock:
+            self._wanted[adapter_id] = time.monotonic()
+            self._asked.add(adapter_id)
+        self.kick()
+
+    def opened(self) -> None:
+        """A new kept connection holds no lock: lead again only once it takes it."""
+        self.leader = False
+
+    def next_wait(self) -> float:
+        """Adapters kept through their unload grace: a pass once it is over."""
+        return min(self.interval, UNLOAD_GRACE_S) if self._leaving else self.interval
 
     # -- one pass -------------------------------------------------------------------------
 
     def run_once(self) -> PassReport:
         """Reconcile every engine once."""
         report = PassReport()
+        began = time.thread_time()
         try:
             conn = self._connection()
-            if not self.leader:
-                row = conn.execute("SELECT pg_try_advisory_lock(%s) AS ok", (LEADER_LOCK,))
-                self.leader = bool(row.fetchone()["ok"])  # type: ignore[index]
-                if self.leader:
-                    log.info("reconciler leads the fleet (loads and unloads for every engine)")
-            desired = self._desired(conn)
-            self._leaving = self._recently_left(conn)
-            for engine in self.engines:
-                if self.leader:
-                    self._reconcile_engine(conn, engine, desired, report)
-                else:
-                    self._follow_engine(conn, engine, desired)
+            self._notified(conn)  # a NOTIFY not taken yet (a pass run by hand)
+            self._lead(conn)
+            desired = self._read_desired(conn)
+            wanted = self._take_wanted(conn, desired)
+            up = {e.url for e in self.engines if self._probe(e, report)}
+            if self.leader:
+                self._reconcile(conn, desired, wanted, up, report)
+            else:
+                for engine in self.engines:
+                    if engine.url in up:
+                        self._follow(conn, engine, desired)
         except psycopg.Error as exc:
             self._close_connection()  # the next pass (or the loop) opens another
             RECONCILER_ERRORS.labels("db").inc()
             log.warning("reconciler cannot read serve.adapter: %s", exc)
+        self._spent(time.thread_time() - began)
         self.passes += 1
         self.last = report
         self.ready.set()
         return report
+
+    def _spent(self, seconds: float) -> None:
+        with self._cpu_lock:
+            self.cpu_seconds += seconds
+        RECONCILER_CPU.inc(seconds)
+
+    def _lead(self, conn: Connection) -> None:
+        if self.leader:
+            return
+        row = conn.execute("SELECT pg_try_advisory_lock(%s) AS ok", (LEADER_LOCK,)).fetchone()
+        self.leader = bool(row and row["ok"])
+        if self.leader:
+            # Read afresh: another leader may have changed them.
+            self._deployed = None
+            self._dirty = True
+            log.info("reconciler leads the fleet (loads and unloads for every engine)")
+
+    def _read_desired(self, conn: Connection) -> dict[str, Desired]:
+        """serve.adapter's serving adapters, read again after a NOTIFY or DESIRED_REREAD_S."""
+        now = time.monotonic()
+        if self._desired is not None and not self._dirty and now < self._reread_at:
+            if self._leaving:
+                self._leaving = self._recently_left(conn)
+            return self._desired
+        self._dirty = False
+        rows = conn.execute(_DESIRED, _RANKS).fetchall()
+        self._desired = {r["id"]: Desired(**r) for r in rows}
+        self._reread_at = now + DESIRED_REREAD_S
+        self._leaving = self._recently_left(conn)
+        return self._desired
 
     def _recently_left(self, conn: Connection) -> set[str]:
         """Adapters out of canary/prod for less than UNLOAD_GRACE_S (kept loaded meanwhile); a
@@ -174,147 +249,196 @@ class Reconciler:
         ).fetchall()
         return {r["id"] for r in rows}
 
-    def _desired(self, conn: Connection) -> dict[str, Desired]:
-        # The previous prod of each route stays loaded too, so a rollback is instant.
-        rows = conn.execute(
-            "SELECT id, route, base_model, weights_uri, sha256 FROM serve.adapter"
-            " WHERE (status IN ('canary', 'prod') OR (tainted_at IS NULL AND id IN ("
-            "  SELECT previous_prod_id FROM serve.adapter"
-            "   WHERE status = 'prod' AND previous_prod_id IS NOT NULL)))"
-            " AND weights_uri IS NOT NULL AND sha256 IS NOT NULL"
-            " ORDER BY status DESC, id"
-        ).fetchall()
-        return {r["id"]: Desired(**r) for r in rows}
+    def _take_wanted(self, conn: Connection, desired: dict[str, Desired]) -> dict[str, Desired]:
+        """The adapters asked for within WANT_KEEP_S, as loadable rows (read for those that
+        are not desired anyway)."""
+        now = time.monotonic()
+        with self._wants_lock:
+            for adapter_id, at in list(self._wanted.items()):
+                if now - at > WANT_KEEP_S:
+                    del self._wanted[adapter_id]
+            ids = list(self._wanted)
+            self._asked.clear()
+        return self._rows(conn, ids, desired)
 
-    def _scrape(self, engine: EngineState) -> None:
-        """The engine's own LoRA numbers (vLLM's /metrics), as gauges; nothing for other kinds
-        or when it does not answer."""
-        if not engine.kind.startswith("vllm"):
-            return
-        try:
-            resp = self.client.get(engine.url + "/metrics", timeout=2.0)
-            resp.raise_for_status()
-            state = vllm_lora_state(resp.text)
-        except (httpx.HTTPError, ValueError):
-            return
-        if state is None:
-            return
-        ENGINE_LORA_ADAPTERS.labels(engine.url, "running").set(len(state.running))
-        ENGINE_LORA_ADAPTERS.labels(engine.url, "waiting").set(len(state.waiting))
-        if state.max_loras is not None:
-            ENGINE_LORA_ADAPTERS.labels(engine.url, "max").set(state.max_loras)
+    def _rows(
+        self, conn: Connection, ids: Iterable[str], desired: dict[str, Desired]
+    ) -> dict[str, Desired]:
+        found = {i: desired[i] for i in ids if i in desired}
+        rest = [i for i in ids if i not in found]
+        if rest:
+            rows = conn.execute(_WANTED, {"ids": rest, "previous": PREVIOUS}).fetchall()
+            found |= {r["id"]: Desired(**r) for r in rows}
+        return found
 
-    def _follow_engine(
-        self, conn: Connection, engine: EngineState, desired: dict[str, Desired]
-    ) -> None:
-        """Another reconciler leads: only learn what the engine serves (its /v1/models, or for
-        a kind that loads on first use, what the leader staged and verified for it)."""
-        kind = kind_of(engine.kind)
-        if not kind.loads_adapters:
-            ours = self._deployments(conn, engine)
-            staged = {
-                a for a in desired if ours.get(a) == "loaded" and (self.serving_dir / a).is_dir()
-            }
-            engine.adapter_paths = {a: str(self.serving_dir / a) for a in staged}
-            engine.models = frozenset(staged)
-            return
-        try:
-            resp = self.client.get(engine.url + kind.probe_path, timeout=5.0)
-            resp.raise_for_status()
-        except httpx.HTTPError:
-            engine.mark_down()
-            return
-        engine.models = frozenset(model_ids(resp.json()))
-        self._scrape(engine)
+    # -- engines --------------------------------------------------------------------------
 
-    def _deployments(self, conn: Connection, engine: EngineState) -> dict[str, str]:
+    def _probe(self, engine: EngineState, report: PassReport) -> bool:
+        """Probe the engine (workers/reconciler/probe.py); note it down when it does not
+        answer."""
+        if self.prober.probe(engine, self._deployed):
+            return True
+        RECONCILER_ERRORS.labels("engine_down").inc()
+        report.engines_down.append(engine.url)
+        return False
+
+    def _follow(self, conn: Connection, engine: EngineState, desired: dict[str, Desired]) -> None:
+        """Another reconciler leads: for a kind that loads on first use, learn what the leader
+        staged and verified for it (its probe told the rest)."""
+        if kind_of(engine.kind).loads_adapters:
+            return
+        ours = self._deployments(conn, engine.url)
+        staged = {a for a in desired if ours.get(a) == "loaded" and self.stager.is_staged(a)}
+        engine.adapter_paths = {a: str(self.stager.path(a)) for a in staged}
+        engine.models = staged
+
+    def _deployments(self, conn: Connection, url: str) -> dict[str, str]:
         return {
             r["adapter_id"]: r["state"]
             for r in conn.execute(
                 "SELECT adapter_id, state FROM serve.adapter_deployment WHERE engine_url = %s",
-                (engine.url,),
+                (url,),
             ).fetchall()
         }
 
-    def _reconcile_engine(
-        self, conn: Connection, engine: EngineState, desired: dict[str, Desired], rep: PassReport
-    ) -> None:
-        kind = kind_of(engine.kind)
-        if not kind.loads_adapters:
-            self._reconcile_staged(conn, engine, desired, rep)
-            return
-        try:
-            resp = self.client.get(engine.url + kind.probe_path, timeout=5.0)
-            resp.raise_for_status()
-        except httpx.HTTPError as exc:
-            RECONCILER_ERRORS.labels("engine_down").inc()
-            log.warning("engine %s does not answer %s: %s", engine.url, kind.probe_path, exc)
-            engine.mark_down()
-            rep.engines_down.append(engine.url)
-            return
-        models = set(model_ids(resp.json()))
-        engine.models = frozenset(models)
-        self._scrape(engine)
-        ours = self._deployments(conn, engine)
-        for adapter in desired.values():
-            if adapter.id in models:
-                if ours.get(adapter.id) != "loaded":
-                    self._record(conn, adapter.id, engine.url, "loaded", None)
-                continue
-            if (
-                time.monotonic() - self._failed_at.get((adapter.id, engine.url), -1e9)
-                < RETRY_FAILED_AFTER
-            ):
-                continue
-            if ours.get(adapter.id) == "loaded":
-                log.warning(
-                    "engine %s lost adapter %s (restarted?): reloading", engine.url, adapter.id
-                )
-            if self._load(conn, engine, adapter, rep):
-                models.add(adapter.id)
-                engine.models = frozenset(models)
-        for adapter_id, state in ours.items():
-            if state != "loaded" or adapter_id in desired or adapter_id in self._leaving:
-                continue
-            if adapter_id in models and not self._unload(engine, adapter_id):
-                continue
-            models.discard(adapter_id)
-            engine.models = frozenset(models)
-            self._record(conn, adapter_id, engine.url, "unloaded", None)
-            rep.unloaded.append((adapter_id, engine.url))
-        ROUTER_ACTIVE_ADAPTERS.labels(engine.url).set(sum(1 for a in desired if a in models))
+    # -- leading --------------------------------------------------------------------------
 
-    def _load(
-        self, conn: Connection, engine: EngineState, adapter: Desired, rep: PassReport
-    ) -> bool:
-        began = time.perf_counter()
-        try:
-            path = self._prepare(adapter)
-        except artefacts.ArtefactMismatch as exc:
-            return self._refuse(conn, engine, adapter, rep, "sha256", str(exc))
-        except artefacts.ArtefactError as exc:
-            return self._refuse(conn, engine, adapter, rep, "fetch", str(exc))
-        staged = time.perf_counter()
-        COLD_START_SECONDS.labels("stage").observe(staged - began)
-        try:
-            answer = kind_of(engine.kind).load(self.client, engine.url, adapter.id, str(path))
-        except httpx.HTTPError as exc:
-            RECONCILER_ERRORS.labels("load").inc()
-            engine.mark_down()
-            log.warning("loading %s into %s failed: %s", adapter.id, engine.url, exc)
+    def _reconcile(
+        self,
+        conn: Connection,
+        desired: dict[str, Desired],
+        wanted: dict[str, Desired],
+        up: set[str],
+        report: PassReport,
+    ) -> None:
+        if self._deployed is None:
+            self._deployed = {e.url: self._deployments(conn, e.url) for e in self.engines}
+            for engine in self.engines:  # what was recorded loaded stays callable on SGLang
+                if engine.url in up and engine.resident is not None:
+                    engine.models = None
+                    self.prober.observe(engine, engine.resident, self._deployed)
+        loading = [e for e in self.engines if e.url in up and kind_of(e.kind).loads_adapters]
+        for engine in self.engines:
+            if engine.url in up and not kind_of(engine.kind).loads_adapters:
+                self._reconcile_staged(conn, engine, desired | wanted, report)
+        serving = desired | wanted
+        for engine in loading:
+            self._note_listed(conn, engine, serving)
+        self._count_traffic()
+        shares = self.placement.shares(
+            (Candidate(a.id, a.base_model, a.rank) for a in serving.values()),
+            {e.url for e in loading},
+            self._traffic,
+        )
+        jobs: dict[str, deque[Desired]] = {}
+        for engine in loading:
+            share = shares.get(engine.url)
+            todo = deque(serving[a] for a in (share.ahead if share else []) if self._due(engine, a))
+            if todo:
+                jobs[engine.url] = todo
+        for adapter in wanted.values():
+            self._route_want(adapter, up)
+
+        def between() -> None:  # asked for while the loads run: next on their engine
+            with self._wants_lock:
+                asked, self._asked = self._asked, set()
+            if asked:
+                for adapter in self._rows(conn, asked, desired).values():
+                    self._route_want(adapter, up)
+
+        self.loads.run(
+            loading,
+            jobs,
+            {url: s.pinned for url, s in shares.items()},
+            record=lambda done: self._apply(conn, done, report),
+            between=between,
+        )
+        for engine in loading:
+            self._unload_retired(conn, engine, serving, report)
+            self._gauges(engine, serving)
+
+    def _due(self, engine: EngineState, adapter_id: str) -> bool:
+        """Whether to load the adapter into the engine now: the engine does not list it and it
+        did not fail there lately."""
+        if engine.has(adapter_id):
             return False
+        failed = self._failed_at.get((adapter_id, engine.url))
+        return failed is None or time.monotonic() - failed >= RETRY_FAILED_AFTER
+
+    def _route_want(self, adapter: Desired, up: set[str]) -> None:
+        """Queue an asked-for adapter first on its engine (unless an up engine serving its base
+        already lists it)."""
+        engines = [e for e in self.engines if e.url in up and e.serves_base(adapter.base_model)]
+        if any(e.has(adapter.id) for e in engines):
+            return
+        loading = {e.url for e in engines if kind_of(e.kind).loads_adapters}
+        home = self.placement.home(adapter.id, adapter.base_model, loading)
+        if home is not None and self._due(home, adapter.id):
+            self.loads.ask_first(home, adapter)
+
+    def _note_listed(
+        self, conn: Connection, engine: EngineState, serving: dict[str, Desired]
+    ) -> None:
+        """Record what the engine lists as loaded, and as gone what it lost (restarted): what it
+        lists of the serving adapters, and each recorded loaded adapter no longer callable."""
+        assert self._deployed is not None
+        ours = self._deployed.setdefault(engine.url, {})
+        models = engine.models or set()
+        for adapter_id in engine.resident or ():
+            if adapter_id in serving and ours.get(adapter_id) != "loaded":
+                self._record(conn, adapter_id, engine.url, "loaded", None)
+        gone = [a for a, s in ours.items() if s == "loaded" and a not in models]
+        for adapter_id in gone:
+            if adapter_id in serving:
+                log.warning(
+                    "engine %s no longer holds adapter %s (restarted?): it is loaded again"
+                    " ahead or on its next call",
+                    engine.url,
+                    adapter_id,
+                )
+            self._record(conn, adapter_id, engine.url, "unloaded", "the engine no longer lists it")
+
+    def _count_traffic(self) -> None:
+        """Take the calls the router counted per adapter into the hot set's order (halved every
+        TRAFFIC_HALF_LIFE_S)."""
+        now = time.monotonic()
+        if now - self._traffic_halved_at >= TRAFFIC_HALF_LIFE_S:
+            self._traffic = {a: n / 2 for a, n in self._traffic.items() if n >= 1}
+            self._traffic_halved_at = now
+        traffic = self._traffic
+        for engine in self.engines:
+            for adapter_id, n in engine.take_calls().items():
+                traffic[adapter_id] = traffic.get(adapter_id, 0.0) + n
+
+    # -- loads ----------------------------------------------------------------------------
+
+    def _apply(self, conn: Connection, done: Loaded, report: PassReport) -> None:
+        """Record one load's outcome (the pass's thread: it holds the connection)."""
+        engine, adapter, answer = done.engine, done.adapter, done.answer
+        key = (adapter.id, engine.url)
+        if answer is None:
+            self._refuse(conn, engine, adapter, report, done.reason, done.message, done.checked)
+            return
         if answer.outcome not in (Outcome.DONE, Outcome.ALREADY):
+            if answer.outcome is Outcome.FAILED and not engine.up:
+                RECONCILER_ERRORS.labels("load").inc()
+                log.warning("loading %s into %s failed: %s", adapter.id, engine.url, answer.message)
+                return  # the engine is down: tried again when it is back
             # Metric reasons: load (refused or failed), no_path, no_api.
             failed = answer.outcome in (Outcome.REFUSED, Outcome.FAILED)
             reason = "load" if failed else answer.outcome.value
-            return self._refuse(conn, engine, adapter, rep, reason, answer.message)
+            self._refuse(conn, engine, adapter, report, reason, answer.message, True)
+            return
         COLD_STARTS.labels(engine.url).inc()
-        COLD_START_SECONDS.labels("load").observe(time.perf_counter() - staged)
-        self._failed_at.pop((adapter.id, engine.url), None)
+        self._failed_at.pop(key, None)
         self._record(conn, adapter.id, engine.url, "loaded", None, checked=True)
-        rep.loaded.append((adapter.id, engine.url))
-        log.info("loaded adapter %s into %s", adapter.id, engine.url)
-        return True
+        report.loaded.append(key)
+        log.info(
+            "loaded adapter %s into %s%s",
+            adapter.id,
+            engine.url,
+            " (pinned)" if done.pinned else "",
+        )
 
     def _refuse(
         self,
@@ -324,36 +448,35 @@ class Reconciler:
         rep: PassReport,
         reason: str,
         message: str,
-    ) -> bool:
+        checked: bool,
+    ) -> None:
         RECONCILER_ERRORS.labels(reason).inc()
         self._failed_at[adapter.id, engine.url] = time.monotonic()
-        self._record(conn, adapter.id, engine.url, "failed", message, checked=reason == "sha256")
+        self._record(
+            conn, adapter.id, engine.url, "failed", message, checked=checked and reason == "sha256"
+        )
         rep.failed.append((adapter.id, engine.url, message))
         log.error("adapter %s not loaded into %s (%s): %s", adapter.id, engine.url, reason, message)
-        return False
 
-    def _prepare(self, adapter: Desired) -> Path:
-        """The verified artefact under serving_dir/<id> (fetched once, re-verified each load),
-        naming its base as the engines serve it (what vLLM's filesystem resolver checks)."""
-        dest = self.serving_dir / adapter.id
-        if dest.is_dir():
-            try:
-                artefacts.verify(dest, adapter.sha256)
-                _stage_config(dest, adapter)
-                return dest
-            except artefacts.ArtefactError:
-                log.warning("serving copy of %s changed on disk: fetching it again", adapter.id)
-                shutil.rmtree(dest, ignore_errors=True)
-        self.serving_dir.mkdir(parents=True, exist_ok=True)
-        tmp = Path(tempfile.mkdtemp(dir=self.serving_dir, prefix=f".{adapter.id}-"))
-        try:
-            artefacts.fetch_verified(adapter.weights_uri, adapter.sha256, tmp, self.settings)
-            _stage_config(tmp, adapter)
-            tmp.rename(dest)
-        finally:
-            if tmp.exists():
-                shutil.rmtree(tmp, ignore_errors=True)
-        return dest
+    # -- unloads, staging, records --------------------------------------------------------
+
+    def _keep(self, adapter_id: str, serving: dict[str, Desired]) -> bool:
+        return adapter_id in serving or adapter_id in self._leaving
+
+    def _unload_retired(
+        self, conn: Connection, engine: EngineState, serving: dict[str, Desired], rep: PassReport
+    ) -> None:
+        """Unload what this fleet loaded into the engine that it serves no longer."""
+        assert self._deployed is not None
+        ours = self._deployed.get(engine.url, {})
+        retired = [a for a, s in ours.items() if s == "loaded" and not self._keep(a, serving)]
+        for adapter_id in retired:
+            if not self._unload(engine, adapter_id):
+                continue  # tried again next pass
+            engine.forget(adapter_id)
+            self.loads.pinned[engine.url].discard(adapter_id)
+            self._record(conn, adapter_id, engine.url, "unloaded", None)
+            rep.unloaded.append((adapter_id, engine.url))
 
     def _unload(self, engine: EngineState, adapter_id: str) -> bool:
         try:
@@ -370,54 +493,53 @@ class Reconciler:
         return True
 
     def _reconcile_staged(
-        self, conn: Connection, engine: EngineState, desired: dict[str, Desired], rep: PassReport
+        self, conn: Connection, engine: EngineState, serving: dict[str, Desired], rep: PassReport
     ) -> None:
-        """An engine that loads on first use (LoRAX): stage verified artefacts where it reads
-        them; no engine call but its probe."""
+        """An engine that loads on first use (LoRAX, vllm-lazy): stage verified artefacts where
+        it reads them; no engine call but its probe (and, vllm-lazy, the unload of a retired
+        adapter it took on a call)."""
+        assert self._deployed is not None
         kind = kind_of(engine.kind)
-        path = kind.probe_path
-        try:
-            self.client.get(engine.url + path, timeout=5.0).raise_for_status()
-        except httpx.HTTPError as exc:
-            RECONCILER_ERRORS.labels("engine_down").inc()
-            log.warning("engine %s does not answer %s: %s", engine.url, path, exc)
-            engine.mark_down()
-            rep.engines_down.append(engine.url)
-            return
-        ours = self._deployments(conn, engine)
+        ours = self._deployed.setdefault(engine.url, {})
         staged: set[str] = set()
-        for adapter in desired.values():
-            if ours.get(adapter.id) == "loaded" and (self.serving_dir / adapter.id).is_dir():
+        for adapter in serving.values():
+            if ours.get(adapter.id) == "loaded" and self.stager.is_staged(adapter.id):
                 staged.add(adapter.id)
                 continue
-            if (
-                time.monotonic() - self._failed_at.get((adapter.id, engine.url), -1e9)
-                < RETRY_FAILED_AFTER
-            ):
+            if not self._due(engine, adapter.id):
                 continue
             try:
-                self._prepare(adapter)
+                self.stager.prepare(adapter)
             except artefacts.ArtefactMismatch as exc:
-                self._refuse(conn, engine, adapter, rep, "sha256", str(exc))
+                self._refuse(conn, engine, adapter, rep, "sha256", str(exc), True)
                 continue
             except artefacts.ArtefactError as exc:
-                self._refuse(conn, engine, adapter, rep, "fetch", str(exc))
+                self._refuse(conn, engine, adapter, rep, "fetch", str(exc), False)
                 continue
             self._failed_at.pop((adapter.id, engine.url), None)
             self._record(conn, adapter.id, engine.url, "loaded", None, checked=True)
             rep.loaded.append((adapter.id, engine.url))
             staged.add(adapter.id)
             log.info("staged adapter %s for %s (loaded on first use)", adapter.id, engine.url)
-        for adapter_id, state in ours.items():
-            if state == "loaded" and adapter_id not in desired and adapter_id not in self._leaving:
+        for adapter_id, state in list(ours.items()):
+            if state == "loaded" and not self._keep(adapter_id, serving):
                 # An engine that took it on a call keeps it until told (vLLM's resolver).
                 if kind.unloads_staged and not self._unload(engine, adapter_id):
                     continue  # tried again next pass
                 self._record(conn, adapter_id, engine.url, "unloaded", None)
                 rep.unloaded.append((adapter_id, engine.url))
-        engine.adapter_paths = {a: str(self.serving_dir / a) for a in staged}
-        engine.models = frozenset(staged)
+        engine.adapter_paths = {a: str(self.stager.path(a)) for a in staged}
+        engine.models = staged
         ROUTER_ACTIVE_ADAPTERS.labels(engine.url).set(len(staged))
+
+    def _gauges(self, engine: EngineState, serving: dict[str, Desired]) -> None:
+        models = engine.models or set()
+        resident = engine.resident if engine.resident is not None else models
+        ROUTER_ACTIVE_ADAPTERS.labels(engine.url).set(sum(1 for a in models if a in serving))
+        ENGINE_LORA_ADAPTERS.labels(engine.url, "resident").set(
+            sum(1 for a in resident if a in serving)
+        )
+        ENGINE_LORA_ADAPTERS.labels(engine.url, "pinned").set(len(self.loads.pinned[engine.url]))
 
     def _record(
         self,
@@ -438,116 +560,15 @@ class Reconciler:
             " sha256_checked_at = coalesce(excluded.sha256_checked_at, d.sha256_checked_at)",
             {"a": adapter_id, "e": engine_url, "s": state, "err": error, "c": checked},
         )
-
-    # -- the loop -------------------------------------------------------------------------
-
-    def _connection(self) -> Connection:
-        """The kept connection, opened (and LISTENing) when there is none."""
-        conn = self._conn
-        if conn is None or conn.closed:
-            conn = psycopg.connect(self.db_url, autocommit=True, row_factory=dict_row)
-            try:
-                conn.execute(f"LISTEN {CHANNEL}")
-            except BaseException:
-                conn.close()
-                raise
-            self._conn = conn
-            self.leader = False  # a new session holds no lock
-        return conn
-
-    def _close_connection(self) -> None:
-        conn, self._conn = self._conn, None
-        if conn is not None:
-            try:
-                conn.close()
-            except Exception:
-                log.debug("closing the reconciler's connection failed", exc_info=True)
-
-    def _wake(self) -> None:
-        # OSError: full (a wake-up is pending anyway) or closed (stopped).
-        with contextlib.suppress(OSError):
-            self._wake_w.send(b"k")
-
-    def _wait(self, conn: Connection, timeout: float) -> None:
-        """Block until a NOTIFY on conn, a kick()/stop(), or timeout seconds; a NOTIFY sets
-        the kick. Raises psycopg.Error when the connection is lost."""
-        # A NOTIFY that came in while a pass used the connection waits in psycopg's backlog,
-        # not on the socket: take it first (timeout=0 also reads what the socket holds).
-        for _ in conn.notifies(timeout=0):
-            self._kick.set()
-        if self._kick.is_set() or self._stop.is_set():
-            return
-        fd, wake = conn.fileno(), self._wake_r.fileno()
-        ready, _, _ = select.select([fd, wake], [], [], max(0.0, timeout))
-        if wake in ready:
-            self._wake_r.recv(4096)
-        if fd in ready:
-            for _ in conn.notifies(timeout=0):
-                self._kick.set()
-
-    def kick(self) -> None:
-        """Ask for a pass now (e.g. an engine answered 404 for an adapter)."""
-        self._kick.set()
-        self._wake()
-
-    def start(self) -> None:
-        """Run passes in a background thread until stop()."""
-        self._thread = threading.Thread(target=self.run_forever, name="cft-reconciler", daemon=True)
-        self._thread.start()
-
-    def request_stop(self) -> None:
-        """Make run_forever return after the current pass."""
-        self._stop.set()
-        self._wake()
-
-    def stop(self) -> None:
-        """Stop the loop, then close the connection and the HTTP client."""
-        self.request_stop()
-        if self._thread:
-            self._thread.join(timeout=10)
-        self.close()
+        if self._deployed is not None:
+            self._deployed.setdefault(engine_url, {})[adapter_id] = state
 
     def close(self) -> None:
-        """Close the kept connection, the wake-up sockets and the HTTP client (after the loop
-        has stopped)."""
-        self._close_connection()
-        self._wake_r.close()
-        self._wake_w.close()
+        """Close the kept connection, the wake-up sockets, the load threads and the HTTP client
+        (after the loop has stopped)."""
+        super().close()
+        self.loads.close()
         self.client.close()
-
-    def run_forever(self) -> None:
-        """Pass now, then on NOTIFY cft_adapter, on kick() and every interval seconds."""
-        backoff = 0.5
-        due = 0.0
-        while not self._stop.is_set():
-            try:
-                conn = self._connection()
-                backoff = 0.5
-                if self._kick.is_set() or time.monotonic() >= due:
-                    self._kick.clear()
-                    self.run_once()
-                    # Adapters kept through their unload grace: a pass once it is over.
-                    wait = min(self.interval, UNLOAD_GRACE_S) if self._leaving else self.interval
-                    due = time.monotonic() + wait
-                    continue
-                self._wait(conn, due - time.monotonic())
-            except psycopg.Error as exc:
-                self._close_connection()
-                RECONCILER_ERRORS.labels("db").inc()
-                log.warning("reconciler lost its database connection (%s); retrying", exc)
-                # Not listening meanwhile: anything may have changed, pass once back.
-                due = 0.0
-                self._stop.wait(backoff)
-                backoff = min(backoff * 2, 10.0)
-
-
-def _stage_config(path: Path, adapter: Desired) -> None:
-    try:
-        stage_config(path, adapter.base_model)
-    except (OSError, ValueError) as exc:
-        raise artefacts.ArtefactError(
-            f"cannot stage {adapter.id}: its {CONFIG_FILE} is unreadable ({exc})"
-        ) from exc
 
 
 def in_router(db_url: str, engines: list[EngineState], settings: Settings) -> Reconciler:
