@@ -1,10 +1,11 @@
 """NOTIFY cft_route carries a route's committed state; the router applies it without a read,
-except when the state may miss an earlier change (then it reads the route)."""
+except when the state may miss an earlier change (then it reads the route, with every other
+route dropped at the same time, in one query), and reads every cached route again, in one
+query, once its LISTEN connections are back after a drop."""
 
 from __future__ import annotations
 
 import json
-import select
 import time
 from collections.abc import Callable
 from decimal import Decimal
@@ -13,6 +14,8 @@ from typing import Any
 import psycopg
 import pytest
 
+from app.core.metrics import REGISTRY
+from app.gateway import table as route_table
 from app.gateway.assign import RouteState
 from app.gateway.table import RouteTable, load_route
 from tests.support.factories import make_adapter, make_route, make_tenant
@@ -88,26 +91,27 @@ def test_payload_is_the_final_state_at_commit(db_url, conn, world):
         }
 
 
-def test_a_change_is_applied_from_the_notify_without_a_read(monkeypatch, conn, world, table):
+def reads() -> float:
+    """Route reads from PostgreSQL so far (cft_router_route_reads_total, every reason)."""
+    return sum(
+        REGISTRY.get_sample_value("cft_router_route_reads_total", {"why": why}) or 0.0
+        for why in ("miss", "notify", "resync", "stale")
+    )
+
+
+def test_a_change_is_applied_from_the_notify_without_a_read(conn, world, table):
     c1 = world["c1"]
     key = (world["route"]["tenant_id"], world["route"]["name"])
     assert table.get(*key) is not None
     # The first NOTIFY of a route since LISTEN is read (what came before it is unknown).
     set_pct(conn, c1, 11)
     wait_for("first change cached", lambda: pcts(cached(table, key)).get(c1["id"]) == 11)
-    reads: list[tuple[int, str]] = []
-    real_read = table._read
-
-    def counted(route: tuple[int, str], **kw: Any) -> RouteState | None:
-        reads.append(route)
-        return real_read(route, **kw)
-
-    monkeypatch.setattr(table, "_read", counted)
+    before = reads()
     set_pct(conn, c1, 12)
     wait_for("second change cached", lambda: pcts(cached(table, key)).get(c1["id"]) == 12)
     conn.execute("UPDATE serve.adapter SET status = 'retired' WHERE id = %s", (c1["id"],))
     wait_for("retired canary gone", lambda: c1["id"] not in pcts(cached(table, key)))
-    assert reads == []
+    assert reads() == before
     assert cached(table, key) == load_route(conn, *key)
 
 
@@ -137,34 +141,63 @@ def test_a_state_older_than_the_previous_change_is_read_not_applied(db_url, conn
     assert pcts(cached(table, key)) == {c1["id"]: 12, c2["id"]: 15}
 
 
-def test_a_lookup_takes_in_a_notify_before_the_listener_thread_runs(db_url, conn, world):
-    name = world["route"]["name"]
-    key = (world["route"]["tenant_id"], world["route"]["name"])
-    table = RouteTable(db_url, ttl=3600)  # no listener thread: only lookups take NOTIFYs in
-    with (
-        psycopg.connect(db_url, autocommit=True) as one,
-        psycopg.connect(db_url, autocommit=True) as two,
-    ):
-        one.execute("LISTEN cft_route")
-        two.execute("LISTEN cft_route")
-        table._conns, table._fds = [one, two], (one.pgconn.socket, two.pgconn.socket)
-        both = []
-        for fd in table._fds:
-            both.append(select.poll())
-            both[-1].register(fd, select.POLLIN)
+def test_a_burst_of_changes_is_read_in_a_few_queries_not_one_per_route(conn, world, table):
+    """30 routes' first NOTIFYs since LISTEN (each must be read) cost a few queries."""
+    routes = [world["route"]] + [
+        make_route(conn, tenant_id=world["route"]["tenant_id"]) for _ in range(29)
+    ]
+    prods = {
+        r["name"]: make_adapter(conn, route=r, status="prod", traffic_pct=100) for r in routes[1:]
+    }
+    prods[world["route"]["name"]] = world["prod"]
+    keys = [(r["tenant_id"], r["name"]) for r in routes]
+    for key in keys:
         assert table.get(*key) is not None
-        set_pct(conn, world["c1"], 11)  # the first NOTIFY since LISTEN: dropped, read
-        assert all(p.poll(2000) for p in both)
-        assert table.lookup(*key) == (False, None)
-        assert table._reloads.get_nowait() == key  # once, not once per connection
-        assert pcts(table.get(*key))[world["c1"]["id"]] == 11
-        conn.execute("UPDATE serve.route SET experiment = 'exp-3' WHERE name = %s", (name,))
-        assert all(p.poll(2000) for p in both)
-        hit, state = table.lookup(*key)  # applied from the sockets by the lookup itself
-        assert hit and state is not None and state.experiment == "exp-3"
-        set_pct(conn, world["c2"], 12)
-        wait_for("c2 at 12", lambda: pcts(table.lookup(*key)[1]).get(world["c2"]["id"]) == 12)
-        time.sleep(0.1)  # the second copies arrive too
-        assert pcts(table.lookup(*key)[1])[world["c2"]["id"]] == 12
-        assert table._reloads.empty()  # the second copies were not taken for older states
-        table._conns, table._fds = [], ()
+    before = reads()
+    with conn.transaction():  # one commit: 30 NOTIFYs at once
+        for r in routes:
+            conn.execute(
+                "UPDATE serve.adapter SET status = 'retired', traffic_pct = 0 WHERE id = %s",
+                (prods[r["name"]]["id"],),
+            )
+
+    def all_retired() -> bool:
+        states = [cached(table, k) for k in keys]
+        return all(s is not None and s.prod is None for s in states)
+
+    wait_for("every route re-read", all_retired)
+    assert reads() - before <= 3, reads() - before
+
+
+def test_after_the_listen_connections_drop_every_cached_route_is_read_in_one_query(
+    db_url, conn, world, table
+):
+    key = (world["route"]["tenant_id"], world["route"]["name"])
+    others = [make_route(conn, tenant_id=world["route"]["tenant_id"]) for _ in range(9)]
+    for k in [key] + [(r["tenant_id"], r["name"]) for r in others]:
+        assert table.get(*k) is not None
+    before = REGISTRY.get_sample_value("cft_router_route_reads_total", {"why": "resync"}) or 0.0
+    pids = [
+        r["pid"]
+        for r in conn.execute(
+            "SELECT pid FROM pg_stat_activity WHERE application_name = %s",
+            (route_table.LISTENER_NAME,),
+        ).fetchall()
+    ]
+    for pid in pids:
+        conn.execute("SELECT pg_terminate_backend(%s, 2000)", (pid,))
+    # A change while nobody listens: its NOTIFY is lost.
+    conn.execute("UPDATE serve.route SET experiment = 'exp-lost' WHERE name = %s", (key[1],))
+    wait_for("listening again", lambda: table.listening.is_set() and bool(listen_pids(conn)), 10)
+    after = REGISTRY.get_sample_value("cft_router_route_reads_total", {"why": "resync"})
+    assert after == before + 1  # ten cached routes, one query
+    hit, state = table.peek(*key)
+    assert hit and state is not None and state.experiment == "exp-lost"
+
+
+def listen_pids(conn: Any) -> list[int]:
+    rows = conn.execute(
+        "SELECT pid FROM pg_stat_activity WHERE application_name = %s",
+        (route_table.LISTENER_NAME,),
+    ).fetchall()
+    return [r["pid"] for r in rows]
