@@ -38,6 +38,10 @@ SWITCH_INTERVAL = 0.0005
 class Reconciler(Protocol):
     """What the router needs of a reconciler running beside it (workers/reconciler)."""
 
+    # True while it loads for the fleet (it adds what it loads to the engines' lists itself);
+    # another reconciler leads otherwise, and the router sees its loads by probing.
+    leader: bool
+
     def start(self) -> None:
         """Run passes in the background until stop()."""
 

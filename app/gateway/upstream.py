@@ -106,12 +106,13 @@ async def _loaded_somewhere(runtime: RouterRuntime, model: str, base: str) -> fl
     started = time.monotonic()
     deadline = started + runtime.load_wait
     found = False
-    # A reconciler in this process adds what it loads to the engines' lists itself: look
-    # often, probe nothing. One elsewhere is seen only through the engines' own lists.
-    poll = LOAD_POLL_S / 5 if reconciler is not None else LOAD_POLL_S
+    # A reconciler leading in this process adds what it loads to the engines' lists itself:
+    # look often, probe nothing. One elsewhere is seen only through the engines' own lists.
+    here = reconciler is not None and reconciler.leader
+    poll = LOAD_POLL_S / 5 if here else LOAD_POLL_S
     while not found and time.monotonic() < deadline:
         await asyncio.sleep(min(poll, max(0.0, deadline - time.monotonic())))
-        if reconciler is None:
+        if not here:
             await engines.refresh()
         found = listed()
     LOAD_WAIT.observe(time.monotonic() - started)

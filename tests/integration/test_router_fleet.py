@@ -1,7 +1,8 @@
 """The router over several engine replicas (real router, real PostgreSQL, real HTTP; the engines
 are tests/support/engines.py's vLLM stand-ins): an adapter sticks to its rendezvous engine, a
-busy or refusing replica passes the call on, and an adapter no engine has is never answered by
-another model unless the route's fallback policy says so."""
+busy or refusing replica passes the call on, an adapter no engine has is never answered by
+another model unless the route's fallback policy says so, and the reconciler places each
+adapter on the replica the router sends it to, within each replica's capacity and base."""
 
 from __future__ import annotations
 
@@ -9,6 +10,7 @@ import threading
 import time
 from collections import Counter
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import httpx
@@ -19,10 +21,14 @@ from psycopg.rows import dict_row
 
 from app.core.auth import create_key
 from app.core.config import get_settings
+from app.core.metrics import REGISTRY
+from app.engines.placement import affinity
 from app.main import create_app
+from cft import serve
 from tests.support.engines import FakeVLLM
 from tests.support.factories import make_adapter, make_route, make_tenant
 from tests.support.servers import serve_app
+from tests.support.stack import Stack, wait_until
 
 BASE = "smollm2-135m-instruct"
 LOAD_WAIT = 1.5
@@ -221,3 +227,54 @@ def test_fallback_is_part_of_the_route(fleet: dict[str, Any]) -> None:
         timeout=10,
     )
     assert got.status_code == 200 and got.json()["fallback"] == "none"
+
+
+def test_each_replica_loads_its_share_within_capacity_and_the_rest_on_first_call(
+    db_url: str, tmp_path: Path
+) -> None:
+    """Two replicas of the route's base that each keep 2 adapters, and one of another base:
+    each adapter goes to its rendezvous-first replica of its base (the router's order too),
+    at most 2 ahead per replica, the others loaded by their first call; the replica of the
+    other base gets no adapter and no call."""
+    stack = Stack(db_url, tmp_path, BASE)
+    stack.settings = stack.settings.model_copy(
+        update={"engine_adapter_slots": 2, "router_load_wait": 10.0}
+    )
+    routes = [stack.route] + [stack.add_route() for _ in range(7)]
+    prods = [stack.adapter(status="prod", pct=100, route=r) for r in routes]
+    same = [FakeVLLM(BASE), FakeVLLM(BASE)]
+    other = FakeVLLM("another-base")
+    with (
+        serve_app(same[0].app, ready_path="/health") as e0,
+        serve_app(same[1].app, ready_path="/health") as e1,
+        serve_app(other.app, ready_path="/health") as e2,
+    ):
+        urls = [e0, e1]
+        app = serve.create_app(
+            stack.settings, db_url=db_url, engine_urls=[f"vllm+{u}" for u in (e0, e1, e2)]
+        )
+        with serve_app(app) as api:
+            homes = {p: max(urls, key=lambda u, p=p: affinity(u, p)) for p in prods}
+            ahead = {u: min(2, sum(1 for h in homes.values() if h == u)) for u in urls}
+            wait_until(
+                lambda: all(len(r.loras) == ahead[u] for r, u in zip(same, urls, strict=True)),
+                "the hot sets loaded ahead",
+            )
+            cold_before = first_token_count()
+            for route, prod in zip(routes, prods, strict=True):
+                resp = stack.call(api, route=route)
+                assert resp.status_code == 200, resp.text
+                assert resp.headers["x-cft-adapter"] == prod
+                assert same[urls.index(homes[prod])].served[-1] == prod
+            # The calls that waited for their adapter's load are the cold starts' first tokens.
+            assert first_token_count() - cold_before == len(prods) - sum(ahead.values())
+            for replica, url in zip(same, urls, strict=True):
+                assert set(replica.loras) == {p for p, h in homes.items() if h == url}
+                assert replica.loads == len(replica.loras)  # each loaded once, nowhere else
+            assert other.loras == {} and other.served == []
+
+
+def first_token_count() -> float:
+    """Calls whose first token came after a cold start (cft_cold_start_seconds, first_token)."""
+    sample = REGISTRY.get_sample_value("cft_cold_start_seconds_count", {"stage": "first_token"})
+    return sample or 0.0

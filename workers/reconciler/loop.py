@@ -1,4 +1,5 @@
-"""The reconciler's loop: a pass now, then on NOTIFY cft_adapter, on kick(), and every interval.
+"""The reconciler's loop: a pass now, then on NOTIFY cft_adapter, on kick(), and every interval;
+between passes, what the router asks for (a load now) without a whole pass.
 
 Between passes the thread blocks in select() on its one kept connection (which both LISTENs
 and runs the passes) and a wake-up socket for kick() and stop(): idle, it costs nothing (a 0.1
@@ -26,6 +27,9 @@ log = logging.getLogger("cft.reconciler")
 # serve.adapter's change trigger (sql/serve/adapter_audit.sql) notifies here on every change of
 # an adapter; the router's route cache has a channel of its own (app/gateway/table.py).
 CHANNEL = "cft_adapter"
+# A reconciler that does not lead passes what its router asks for to the leader here (the
+# payload: an adapter id).
+WANT_CHANNEL = "cft_adapter_want"
 
 
 class PassLoop:
@@ -58,6 +62,12 @@ class PassLoop:
     def opened(self) -> None:
         """A new kept connection: whatever the last one held (a lock) is gone."""
 
+    def asked(self, adapter_id: str) -> None:
+        """Another reconciler's router asked for this adapter (NOTIFY cft_adapter_want)."""
+
+    def between_passes(self, conn: Connection) -> None:
+        """Work that does not need a pass (what the router asked for), before waiting."""
+
     def kick(self) -> None:
         """Ask for a pass now."""
         self._kick.set()
@@ -70,6 +80,7 @@ class PassLoop:
             conn = psycopg.connect(self.db_url, autocommit=True, row_factory=dict_row)
             try:
                 conn.execute(f"LISTEN {CHANNEL}")
+                conn.execute(f"LISTEN {WANT_CHANNEL}")
             except BaseException:
                 conn.close()
                 raise
@@ -92,17 +103,24 @@ class PassLoop:
             self._wake_w.send(b"k")
 
     def _notified(self, conn: Connection) -> None:
-        for _ in conn.notifies(timeout=0):
-            self._dirty = True
-            self._kick.set()
+        for note in conn.notifies(timeout=0):
+            if note.channel == WANT_CHANNEL:
+                self.asked(note.payload)
+            else:
+                self._dirty = True
+                self._kick.set()
+
+    def pending(self) -> bool:
+        """Whether there is work for between_passes() (do not wait)."""
+        return False
 
     def _wait(self, conn: Connection, timeout: float) -> None:
-        """Block until a NOTIFY on conn, a kick()/stop(), or timeout seconds; a NOTIFY sets
-        the kick. Raises psycopg.Error when the connection is lost."""
+        """Block until a NOTIFY on conn, a kick()/stop()/wake, or timeout seconds; a NOTIFY on
+        cft_adapter sets the kick. Raises psycopg.Error when the connection is lost."""
         # A NOTIFY that came in while a pass used the connection waits in psycopg's backlog,
         # not on the socket: take it first (timeout=0 also reads what the socket holds).
         self._notified(conn)
-        if self._kick.is_set() or self._stop.is_set():
+        if self._kick.is_set() or self._stop.is_set() or self.pending():
             return
         fd, wake = conn.fileno(), self._wake_r.fileno()
         ready, _, _ = select.select([fd, wake], [], [], max(0.0, timeout))
@@ -148,6 +166,7 @@ class PassLoop:
                     self.run_once()
                     due = time.monotonic() + self.next_wait()
                     continue
+                self.between_passes(conn)
                 self._wait(conn, due - time.monotonic())
             except psycopg.Error as exc:
                 self._close_connection()

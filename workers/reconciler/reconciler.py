@@ -62,7 +62,7 @@ from app.engines.kinds import kind_of
 from app.engines.placement import CANARY, PREVIOUS, PROD, Candidate, Placement
 from app.engines.state import EngineState
 from workers.reconciler.loads import Loaded, Loads
-from workers.reconciler.loop import CHANNEL, PassLoop
+from workers.reconciler.loop import CHANNEL, WANT_CHANNEL, PassLoop
 from workers.reconciler.probe import Prober
 from workers.reconciler.staging import Desired, Stager
 
@@ -167,10 +167,43 @@ class Reconciler(PassLoop):
         desired for WANT_KEEP_S after the last ask, whatever its status (a candidate too), as
         long as it has a verified artefact and is not retired, failed or tainted. Returns at
         once: the load lands in EngineState.models (the router waits for it there)."""
+        self.asked(adapter_id)
+        self._wake()
+
+    def asked(self, adapter_id: str) -> None:
+        """Note an ask (this process's router, or another's through NOTIFY)."""
         with self._wants_lock:
             self._wanted[adapter_id] = time.monotonic()
             self._asked.add(adapter_id)
-        self.kick()
+
+    def pending(self) -> bool:
+        """Asks not served yet."""
+        return bool(self._asked)
+
+    def between_passes(self, conn: Connection) -> None:
+        """Serve the asks that came since the last pass: the leader loads each into its engine
+        (nothing else: no whole pass); another reconciler passes them to the leader."""
+        with self._wants_lock:
+            asked, self._asked = self._asked, set()
+        if not asked:
+            return
+        began = time.thread_time()
+        try:
+            if not self.leader:
+                for adapter_id in asked:
+                    conn.execute("SELECT pg_notify(%s, %s)", (WANT_CHANNEL, adapter_id))
+                return
+            if self._desired is None or self._deployed is None:
+                self._kick.set()  # no pass yet: the first one serves them
+                return
+            up = {e.url for e in self.engines if e.up and e.models is not None}
+            loading = [e for e in self.engines if e.url in up and kind_of(e.kind).loads_adapters]
+            rows = self._rows(conn, asked, self._desired)
+            for adapter in rows.values():
+                self._route_want(adapter, up)
+            self._load_now(conn, loading, {}, {}, up, self._desired, PassReport())
+        finally:
+            self._spent(time.thread_time() - began)
 
     def opened(self) -> None:
         """A new kept connection holds no lock: lead again only once it takes it."""
@@ -338,6 +371,24 @@ class Reconciler(PassLoop):
                 jobs[engine.url] = todo
         for adapter in wanted.values():
             self._route_want(adapter, up)
+        pins = {url: s.pinned for url, s in shares.items()}
+        self._load_now(conn, loading, jobs, pins, up, desired, report)
+        for engine in loading:
+            self._unload_retired(conn, engine, serving, report)
+            self._gauges(engine, serving)
+
+    def _load_now(
+        self,
+        conn: Connection,
+        loading: list[EngineState],
+        jobs: dict[str, deque[Desired]],
+        pins: dict[str, set[str]],
+        up: set[str],
+        desired: dict[str, Desired],
+        report: PassReport,
+    ) -> None:
+        """Run the engines' loads (the asked-for ones first, also those asked for meanwhile),
+        recording each outcome here."""
 
         def between() -> None:  # asked for while the loads run: next on their engine
             with self._wants_lock:
@@ -349,13 +400,10 @@ class Reconciler(PassLoop):
         self.loads.run(
             loading,
             jobs,
-            {url: s.pinned for url, s in shares.items()},
+            pins,
             record=lambda done: self._apply(conn, done, report),
             between=between,
         )
-        for engine in loading:
-            self._unload_retired(conn, engine, serving, report)
-            self._gauges(engine, serving)
 
     def _due(self, engine: EngineState, adapter_id: str) -> bool:
         """Whether to load the adapter into the engine now: the engine does not list it and it
