@@ -59,7 +59,7 @@ from app.core.metrics import (
 )
 from app.engines.base import Outcome
 from app.engines.kinds import kind_of
-from app.engines.placement import CANARY, PREVIOUS, PROD, Candidate, Placement
+from app.engines.placement import CANARY, PREVIOUS, PROD, Candidate, Placement, Share
 from app.engines.state import EngineState
 from workers.reconciler.loads import Loaded, Loads
 from workers.reconciler.loop import CHANNEL, WANT_CHANNEL, PassLoop
@@ -146,8 +146,14 @@ class Reconciler(PassLoop):
         self._leaving: set[str] = set()
         self._desired: dict[str, Desired] | None = None
         self._reread_at = 0.0
-        # Per engine URL, each adapter's deployment state as recorded (read once per leadership).
+        # Per engine URL, each adapter's deployment state as recorded (read once per leadership),
+        # and the adapters recorded loaded there (set operations keep an idle pass cheap).
         self._deployed: dict[str, dict[str, str]] | None = None
+        self._loaded: dict[str, set[str]] = {}
+        # The last placement and what it was computed from (recomputed only when that changed).
+        self._shares: dict[str, Share] = {}
+        self._shares_key: tuple[object, ...] = ()
+        self._shares_at = 0.0
         # want(): adapter -> when last asked; the asks not yet taken by a pass.
         self._wants_lock = threading.Lock()
         self._wanted: dict[str, float] = {}
@@ -201,7 +207,8 @@ class Reconciler(PassLoop):
             rows = self._rows(conn, asked, self._desired)
             for adapter in rows.values():
                 self._route_want(adapter, up)
-            self._load_now(conn, loading, {}, {}, up, self._desired, PassReport())
+            pins = {url: share.pinned for url, share in self._shares.items()}
+            self._load_now(conn, loading, {}, pins, up, self._desired, PassReport())
         finally:
             self._spent(time.thread_time() - began)
 
@@ -346,6 +353,15 @@ class Reconciler(PassLoop):
     ) -> None:
         if self._deployed is None:
             self._deployed = {e.url: self._deployments(conn, e.url) for e in self.engines}
+            self._loaded = {
+                url: {a for a, st in states.items() if st == "loaded"}
+                for url, states in self._deployed.items()
+            }
+            for engine in self.engines:  # a staged copy gone from disk is staged again
+                if not kind_of(engine.kind).loads_adapters:
+                    loaded = self._loaded[engine.url]
+                    loaded &= {a for a in loaded if self.stager.is_staged(a)}
+            self._shares_key = ()
             for engine in self.engines:  # what was recorded loaded stays callable on SGLang
                 if engine.url in up and engine.resident is not None:
                     engine.models = None
@@ -357,12 +373,7 @@ class Reconciler(PassLoop):
         serving = desired | wanted
         for engine in loading:
             self._note_listed(conn, engine, serving)
-        self._count_traffic()
-        shares = self.placement.shares(
-            (Candidate(a.id, a.base_model, a.rank) for a in serving.values()),
-            {e.url for e in loading},
-            self._traffic,
-        )
+        shares = self._place(serving, loading)
         jobs: dict[str, deque[Desired]] = {}
         for engine in loading:
             share = shares.get(engine.url)
@@ -376,6 +387,21 @@ class Reconciler(PassLoop):
         for engine in loading:
             self._unload_retired(conn, engine, serving, report)
             self._gauges(engine, serving)
+
+    def _place(self, serving: dict[str, Desired], loading: list[EngineState]) -> dict[str, Share]:
+        """Each loading engine's share, computed again only when the adapters, the engines up
+        or the calls counted changed (or a minute passed): an idle pass places nothing."""
+        called = self._count_traffic()
+        key = (id(self._desired), len(serving), tuple(e.url for e in loading))
+        now = time.monotonic()
+        if key != self._shares_key or called or now - self._shares_at >= DESIRED_REREAD_S:
+            self._shares = self.placement.shares(
+                (Candidate(a.id, a.base_model, a.rank) for a in serving.values()),
+                {e.url for e in loading},
+                self._traffic,
+            )
+            self._shares_key, self._shares_at = key, now
+        return self._shares
 
     def _load_now(
         self,
@@ -429,14 +455,12 @@ class Reconciler(PassLoop):
     ) -> None:
         """Record what the engine lists as loaded, and as gone what it lost (restarted): what it
         lists of the serving adapters, and each recorded loaded adapter no longer callable."""
-        assert self._deployed is not None
-        ours = self._deployed.setdefault(engine.url, {})
+        loaded = self._loaded.setdefault(engine.url, set())
         models = engine.models or set()
-        for adapter_id in engine.resident or ():
-            if adapter_id in serving and ours.get(adapter_id) != "loaded":
+        for adapter_id in (engine.resident or set()) - loaded:
+            if adapter_id in serving:
                 self._record(conn, adapter_id, engine.url, "loaded", None)
-        gone = [a for a, s in ours.items() if s == "loaded" and a not in models]
-        for adapter_id in gone:
+        for adapter_id in loaded - models:
             if adapter_id in serving:
                 log.warning(
                     "engine %s no longer holds adapter %s (restarted?): it is loaded again"
@@ -446,17 +470,20 @@ class Reconciler(PassLoop):
                 )
             self._record(conn, adapter_id, engine.url, "unloaded", "the engine no longer lists it")
 
-    def _count_traffic(self) -> None:
+    def _count_traffic(self) -> bool:
         """Take the calls the router counted per adapter into the hot set's order (halved every
-        TRAFFIC_HALF_LIFE_S)."""
+        TRAFFIC_HALF_LIFE_S); whether there were any."""
         now = time.monotonic()
         if now - self._traffic_halved_at >= TRAFFIC_HALF_LIFE_S:
             self._traffic = {a: n / 2 for a, n in self._traffic.items() if n >= 1}
             self._traffic_halved_at = now
         traffic = self._traffic
+        called = False
         for engine in self.engines:
             for adapter_id, n in engine.take_calls().items():
                 traffic[adapter_id] = traffic.get(adapter_id, 0.0) + n
+                called = True
+        return called
 
     # -- loads ----------------------------------------------------------------------------
 
@@ -508,16 +535,11 @@ class Reconciler(PassLoop):
 
     # -- unloads, staging, records --------------------------------------------------------
 
-    def _keep(self, adapter_id: str, serving: dict[str, Desired]) -> bool:
-        return adapter_id in serving or adapter_id in self._leaving
-
     def _unload_retired(
         self, conn: Connection, engine: EngineState, serving: dict[str, Desired], rep: PassReport
     ) -> None:
         """Unload what this fleet loaded into the engine that it serves no longer."""
-        assert self._deployed is not None
-        ours = self._deployed.get(engine.url, {})
-        retired = [a for a, s in ours.items() if s == "loaded" and not self._keep(a, serving)]
+        retired = self._loaded.get(engine.url, set()) - serving.keys() - self._leaving
         for adapter_id in retired:
             if not self._unload(engine, adapter_id):
                 continue  # tried again next pass
@@ -546,15 +568,13 @@ class Reconciler(PassLoop):
         """An engine that loads on first use (LoRAX, vllm-lazy): stage verified artefacts where
         it reads them; no engine call but its probe (and, vllm-lazy, the unload of a retired
         adapter it took on a call)."""
-        assert self._deployed is not None
         kind = kind_of(engine.kind)
-        ours = self._deployed.setdefault(engine.url, {})
-        staged: set[str] = set()
-        for adapter in serving.values():
-            if ours.get(adapter.id) == "loaded" and self.stager.is_staged(adapter.id):
-                staged.add(adapter.id)
-                continue
-            if not self._due(engine, adapter.id):
+        loaded = self._loaded.setdefault(engine.url, set())
+        now = time.monotonic()
+        for adapter_id in serving.keys() - loaded:
+            adapter = serving[adapter_id]
+            failed = self._failed_at.get((adapter_id, engine.url))
+            if failed is not None and now - failed < RETRY_FAILED_AFTER:
                 continue
             try:
                 self.stager.prepare(adapter)
@@ -564,29 +584,27 @@ class Reconciler(PassLoop):
             except artefacts.ArtefactError as exc:
                 self._refuse(conn, engine, adapter, rep, "fetch", str(exc), False)
                 continue
-            self._failed_at.pop((adapter.id, engine.url), None)
-            self._record(conn, adapter.id, engine.url, "loaded", None, checked=True)
-            rep.loaded.append((adapter.id, engine.url))
-            staged.add(adapter.id)
-            log.info("staged adapter %s for %s (loaded on first use)", adapter.id, engine.url)
-        for adapter_id, state in list(ours.items()):
-            if state == "loaded" and not self._keep(adapter_id, serving):
-                # An engine that took it on a call keeps it until told (vLLM's resolver).
-                if kind.unloads_staged and not self._unload(engine, adapter_id):
-                    continue  # tried again next pass
-                self._record(conn, adapter_id, engine.url, "unloaded", None)
-                rep.unloaded.append((adapter_id, engine.url))
-        engine.adapter_paths = {a: str(self.stager.path(a)) for a in staged}
-        engine.models = staged
+            self._failed_at.pop((adapter_id, engine.url), None)
+            self._record(conn, adapter_id, engine.url, "loaded", None, checked=True)
+            rep.loaded.append((adapter_id, engine.url))
+            log.info("staged adapter %s for %s (loaded on first use)", adapter_id, engine.url)
+        for adapter_id in loaded - serving.keys() - self._leaving:
+            # An engine that took it on a call keeps it until told (vLLM's resolver).
+            if kind.unloads_staged and not self._unload(engine, adapter_id):
+                continue  # tried again next pass
+            self._record(conn, adapter_id, engine.url, "unloaded", None)
+            rep.unloaded.append((adapter_id, engine.url))
+        staged = loaded & serving.keys()
+        if staged != engine.models:
+            engine.adapter_paths = {a: str(self.stager.path(a)) for a in staged}
+            engine.models = staged
         ROUTER_ACTIVE_ADAPTERS.labels(engine.url).set(len(staged))
 
     def _gauges(self, engine: EngineState, serving: dict[str, Desired]) -> None:
         models = engine.models or set()
         resident = engine.resident if engine.resident is not None else models
-        ROUTER_ACTIVE_ADAPTERS.labels(engine.url).set(sum(1 for a in models if a in serving))
-        ENGINE_LORA_ADAPTERS.labels(engine.url, "resident").set(
-            sum(1 for a in resident if a in serving)
-        )
+        ROUTER_ACTIVE_ADAPTERS.labels(engine.url).set(len(models & serving.keys()))
+        ENGINE_LORA_ADAPTERS.labels(engine.url, "resident").set(len(resident & serving.keys()))
         ENGINE_LORA_ADAPTERS.labels(engine.url, "pinned").set(len(self.loads.pinned[engine.url]))
 
     def _record(
@@ -610,6 +628,11 @@ class Reconciler(PassLoop):
         )
         if self._deployed is not None:
             self._deployed.setdefault(engine_url, {})[adapter_id] = state
+            loaded = self._loaded.setdefault(engine_url, set())
+            if state == "loaded":
+                loaded.add(adapter_id)
+            else:
+                loaded.discard(adapter_id)
 
     def close(self) -> None:
         """Close the kept connection, the wake-up sockets, the load threads and the HTTP client
