@@ -292,3 +292,35 @@ def test_vllm_lazy_kind_stages_for_the_resolver_and_unloads_on_retire(stack: Sta
             wait_until(lambda: stack.deployment(prod)["state"] == "unloaded", "unload recorded")
             assert ("/v1/unload_lora_adapter", {"lora_name": prod}) in fake.requests
             assert fake.loras == {} and stack.call(api).headers["x-cft-adapter"] == BASE
+
+
+def test_want_loads_an_adapter_now_a_candidate_too_until_it_is_retired(stack: Stack) -> None:
+    """Reconciler.want(id): what the router's wait path calls, and what any code in the API
+    process may call before it calls an adapter (e.g. a candidate): loaded at once on its
+    engine; a retired adapter is unloaded however lately it was asked for."""
+    from app.engines.state import EngineState
+    from workers.reconciler.reconciler import Reconciler
+
+    fake = FakeVLLM(BASE)
+    candidate = stack.adapter(status="candidate")
+    with serve_app(fake.app, ready_path="/health") as url:
+        engine = EngineState.parse(f"vllm+{url}")
+        rec = Reconciler(
+            stack.db_url,
+            [engine],
+            serving_dir=stack.settings.serving_path,
+            settings=stack.settings,
+            interval=60.0,
+        )
+        rec.start()
+        try:
+            wait_until(lambda: rec.passes >= 1, "the first pass")
+            assert fake.loras == {}  # a candidate is not desired: nothing loaded ahead
+            rec.want(candidate)
+            wait_until(lambda: engine.has(candidate), "the asked-for load")
+            assert candidate in fake.loras
+            assert stack.deployment(candidate)["state"] == "loaded"
+            stack.retire(candidate)
+            wait_until(lambda: candidate not in fake.loras, "unloaded once retired")
+        finally:
+            rec.stop()

@@ -82,8 +82,9 @@ LEADER_LOCK = 0x63667401
 UNLOAD_GRACE_S = 3.0
 # An adapter asked for with want() stays desired this long after the last ask.
 WANT_KEEP_S = 600.0
-# serve.adapter is read again after a NOTIFY, and at least this often.
-DESIRED_REREAD_S = 60.0
+# serve.adapter is read again after a NOTIFY (a NOTIFY is lost only with the connection, and a
+# new connection reads it again), and at least this often.
+DESIRED_REREAD_S = 600.0
 # Recent calls per adapter (the hot set's order) halve this often.
 TRAFFIC_HALF_LIFE_S = 300.0
 
@@ -158,6 +159,9 @@ class Reconciler(PassLoop):
         self._wants_lock = threading.Lock()
         self._wanted: dict[str, float] = {}
         self._asked: set[str] = set()
+        self._wants_pruned_at = 0.0
+        # Rows of asked-for adapters that are not desired (a candidate), while kept.
+        self._extra: dict[str, Desired] = {}
         self._traffic: dict[str, float] = {}
         self._traffic_halved_at = time.monotonic()
         self.cpu_seconds = 0.0  # CPU time of passes and loads (cft_reconciler_cpu_seconds_total)
@@ -204,8 +208,7 @@ class Reconciler(PassLoop):
                 return
             up = {e.url for e in self.engines if e.up and e.models is not None}
             loading = [e for e in self.engines if e.url in up and kind_of(e.kind).loads_adapters]
-            rows = self._rows(conn, asked, self._desired)
-            for adapter in rows.values():
+            for adapter in self._asked_rows(conn, asked, self._desired).values():
                 self._route_want(adapter, up)
             pins = {url: share.pinned for url, share in self._shares.items()}
             self._load_now(conn, loading, {}, pins, up, self._desired, PassReport())
@@ -231,10 +234,10 @@ class Reconciler(PassLoop):
             self._notified(conn)  # a NOTIFY not taken yet (a pass run by hand)
             self._lead(conn)
             desired = self._read_desired(conn)
-            wanted = self._take_wanted(conn, desired)
+            wanted, asked = self._take_wanted(conn, desired)
             up = {e.url for e in self.engines if self._probe(e, report)}
             if self.leader:
-                self._reconcile(conn, desired, wanted, up, report)
+                self._reconcile(conn, desired, wanted, asked, up, report)
             else:
                 for engine in self.engines:
                     if engine.url in up:
@@ -275,6 +278,9 @@ class Reconciler(PassLoop):
         self._dirty = False
         rows = conn.execute(_DESIRED, _RANKS).fetchall()
         self._desired = {r["id"]: Desired(**r) for r in rows}
+        if self._extra:  # asked-for adapters still loadable (not retired meanwhile)
+            self._extra = self._rows(conn, list(self._extra), self._desired)
+            self._extra = {i: a for i, a in self._extra.items() if i not in self._desired}
         self._reread_at = now + DESIRED_REREAD_S
         self._leaving = self._recently_left(conn)
         return self._desired
@@ -289,17 +295,31 @@ class Reconciler(PassLoop):
         ).fetchall()
         return {r["id"] for r in rows}
 
-    def _take_wanted(self, conn: Connection, desired: dict[str, Desired]) -> dict[str, Desired]:
-        """The adapters asked for within WANT_KEEP_S, as loadable rows (read for those that
-        are not desired anyway)."""
+    def _take_wanted(
+        self, conn: Connection, desired: dict[str, Desired]
+    ) -> tuple[dict[str, Desired], set[str]]:
+        """The adapters asked for within WANT_KEEP_S that are not desired anyway, as loadable
+        rows (read once); and the asks since the last look."""
         now = time.monotonic()
         with self._wants_lock:
-            for adapter_id, at in list(self._wanted.items()):
-                if now - at > WANT_KEEP_S:
-                    del self._wanted[adapter_id]
-            ids = list(self._wanted)
-            self._asked.clear()
-        return self._rows(conn, ids, desired)
+            if now - self._wants_pruned_at >= WANT_KEEP_S / 10:
+                self._wants_pruned_at = now
+                for adapter_id, at in list(self._wanted.items()):
+                    if now - at > WANT_KEEP_S:
+                        del self._wanted[adapter_id]
+                        self._extra.pop(adapter_id, None)
+            asked, self._asked = self._asked, set()
+        self._asked_rows(conn, asked, desired)
+        return {i: a for i, a in self._extra.items() if i not in desired}, asked
+
+    def _asked_rows(
+        self, conn: Connection, asked: Iterable[str], desired: dict[str, Desired]
+    ) -> dict[str, Desired]:
+        """Loadable rows of asked-for adapters; those not desired are kept in _extra (so no
+        pass unloads them while they are kept)."""
+        rows = self._rows(conn, [i for i in asked if i not in self._extra], desired)
+        self._extra |= {i: a for i, a in rows.items() if i not in desired}
+        return rows | {i: self._extra[i] for i in asked if i in self._extra}
 
     def _rows(
         self, conn: Connection, ids: Iterable[str], desired: dict[str, Desired]
@@ -348,6 +368,7 @@ class Reconciler(PassLoop):
         conn: Connection,
         desired: dict[str, Desired],
         wanted: dict[str, Desired],
+        asked: set[str],
         up: set[str],
         report: PassReport,
     ) -> None:
@@ -367,10 +388,10 @@ class Reconciler(PassLoop):
                     engine.models = None
                     self.prober.observe(engine, engine.resident, self._deployed)
         loading = [e for e in self.engines if e.url in up and kind_of(e.kind).loads_adapters]
+        serving = desired | wanted if wanted else desired
         for engine in self.engines:
             if engine.url in up and not kind_of(engine.kind).loads_adapters:
-                self._reconcile_staged(conn, engine, desired | wanted, report)
-        serving = desired | wanted
+                self._reconcile_staged(conn, engine, serving, report)
         for engine in loading:
             self._note_listed(conn, engine, serving)
         shares = self._place(serving, loading)
@@ -380,8 +401,9 @@ class Reconciler(PassLoop):
             todo = deque(serving[a] for a in (share.ahead if share else []) if self._due(engine, a))
             if todo:
                 jobs[engine.url] = todo
-        for adapter in wanted.values():
-            self._route_want(adapter, up)
+        for adapter_id in asked:
+            if adapter_id in serving:
+                self._route_want(serving[adapter_id], up)
         pins = {url: s.pinned for url, s in shares.items()}
         self._load_now(conn, loading, jobs, pins, up, desired, report)
         for engine in loading:
@@ -420,7 +442,7 @@ class Reconciler(PassLoop):
             with self._wants_lock:
                 asked, self._asked = self._asked, set()
             if asked:
-                for adapter in self._rows(conn, asked, desired).values():
+                for adapter in self._asked_rows(conn, asked, desired).values():
                     self._route_want(adapter, up)
 
         self.loads.run(
