@@ -145,12 +145,9 @@ class _Capped(list[Any]):
 # -- the router's process ----------------------------------------------------------------------
 
 
-def run_router(args: argparse.Namespace) -> None:
-    """cft's API with its reconciler, from --tree, and a side port answering each thread
-    group's CPU seconds."""
-    tree = Path(args.tree).resolve()
-    sys.path.insert(0, str(tree))
-    os.chdir(tree)
+def thread_cpu() -> Any:
+    """Count each thread group's CPU time in this process (threads that ended included); the
+    function that returns the seconds by group so far, and the process's under "process"."""
     dead: dict[str, float] = defaultdict(float)
     original = threading.Thread.run
 
@@ -176,6 +173,17 @@ def run_router(args: argparse.Namespace) -> None:
         out["process"] = (int(stat[11]) + int(stat[12])) / tick
         return dict(out)
 
+    return cpu
+
+
+def run_router(args: argparse.Namespace) -> None:
+    """cft's API with its reconciler, from --tree, and a side port answering each thread
+    group's CPU seconds."""
+    tree = Path(args.tree).resolve()
+    sys.path.insert(0, str(tree))
+    os.chdir(tree)
+    cpu = thread_cpu()
+
     from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
     class Handler(BaseHTTPRequestHandler):
@@ -198,6 +206,70 @@ def run_router(args: argparse.Namespace) -> None:
     from cft.serve import create_app
 
     uvicorn.run(create_app(), host="127.0.0.1", port=args.port, log_level="warning")
+
+
+def run_table(args: argparse.Namespace) -> None:
+    """The route table of --tree alone, every route of --db cached, then --table-rate lookups/s
+    spread evenly over all of them for --table-seconds: prints its threads' CPU and reads."""
+    tree = Path(args.tree).resolve()
+    sys.path.insert(0, str(tree))
+    os.chdir(tree)
+    cpu = thread_cpu()
+    import psycopg
+
+    # Count the statements that read routes (old: one per route; new: one per batch).
+    reads = [0]
+    execute = psycopg.Cursor.execute
+
+    def counted(self: Any, query: Any, *a: Any, **kw: Any) -> Any:
+        if "route_state" in str(query):
+            reads[0] += 1
+        return execute(self, query, *a, **kw)
+
+    psycopg.Cursor.execute = counted  # type: ignore[method-assign]
+    from app.gateway.table import RouteTable
+
+    with psycopg.connect(args.db) as c:
+        keys = [(int(t), str(n)) for t, n in c.execute("SELECT tenant_id, name FROM serve.route")]
+    table = RouteTable(args.db, ttl=5.0)
+    table.start()
+    table.listening.wait(10)
+    for key in keys:
+        table.get(*key)
+    rng = random.Random(3)
+
+    def lookups(seconds: float) -> tuple[int, float]:
+        began = time.monotonic()
+        n = int(args.table_rate * seconds)
+        for i in range(n):
+            delay = began + i / args.table_rate - time.monotonic()
+            if delay > 0:
+                time.sleep(delay)
+            key = keys[rng.randrange(len(keys))]
+            fresh, _ = table.lookup(*key)
+            if not fresh:
+                table.get(*key)
+        return n, time.monotonic() - began
+
+    lookups(6.0)  # past one TTL: every route has gone stale once (the old table's steady state)
+    reads_before, began_cpu = reads[0], cpu()
+    n, elapsed = lookups(args.table_seconds)
+    end_cpu = cpu()
+    read = reads[0] - reads_before
+    table.stop()
+    print(
+        json.dumps(
+            {
+                "routes": len(keys),
+                "lookups_per_s": n / elapsed,
+                "table_cpu": (end_cpu.get("route_table", 0) - began_cpu.get("route_table", 0))
+                / elapsed,
+                "lookup_cpu": (end_cpu.get("request_path", 0) - began_cpu.get("request_path", 0))
+                / elapsed,
+                "reads_per_s": read / elapsed,
+            }
+        )
+    )
 
 
 # -- the bench -----------------------------------------------------------------------------------
@@ -599,7 +671,31 @@ def run_strategy(
         if router is not None:
             router.stop()
         engines.stop()
-    return summarise(name, got, args, adapters)
+    result = summarise(name, got, args, adapters)
+    if args.table_seconds > 0:
+        print(f"[{name}] route table alone: {args.table_rate:g} lookups/s over every route")
+        out = subprocess.run(
+            [
+                sys.executable,
+                __file__,
+                "table",
+                "--tree",
+                str(tree),
+                "--db",
+                url,
+                "--table-rate",
+                str(args.table_rate),
+                "--table-seconds",
+                str(args.table_seconds),
+            ],
+            env=os.environ | {"PYTHONPATH": str(tree)},
+            check=True,
+            capture_output=True,
+            text=True,
+        )
+        table = json.loads(out.stdout.strip().splitlines()[-1])
+        result |= {f"table_{k}": v for k, v in table.items()}
+    return result
 
 
 def show(results: list[dict[str, Any]], args: argparse.Namespace) -> None:
@@ -631,9 +727,14 @@ def show(results: list[dict[str, Any]], args: argparse.Namespace) -> None:
         ("reconciler CPU per load asked (ms)", "cpu_per_load_ms"),
         ("idle: control plane CPU s/s", "idle_control_cpu"),
         ("idle: router process CPU s/s", "idle_process_cpu"),
+        ("route table alone: lookups/s over every route", "table_lookups_per_s"),
+        ("route table alone: route reads (queries)/s", "table_reads_per_s"),
+        ("route table alone: its threads' CPU s/s", "table_table_cpu"),
     ]
 
     def cell(r: dict[str, Any], key: str) -> str:
+        if key not in r and key not in ("probe", "probe_lat"):
+            return "-"
         if key == "status":
             return ", ".join(f"{k}: {v}" for k, v in sorted(r["status"].items()))
         if key == "probe":
@@ -645,6 +746,8 @@ def show(results: list[dict[str, Any]], args: argparse.Namespace) -> None:
         if key == "listed":
             return f"{r['listed']} / {r['adapters']}"
         value = r[key]
+        if key == "table_table_cpu":
+            return f"{value:.3f}"
         if key in ("intended", "intended_warm", "hit_ratio"):
             return f"{value * 100:.2f} %"
         if isinstance(value, float):
@@ -668,7 +771,9 @@ def show(results: list[dict[str, Any]], args: argparse.Namespace) -> None:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n", 1)[0])
-    parser.add_argument("role", nargs="?", default="bench", choices=["bench", "engines", "router"])
+    parser.add_argument(
+        "role", nargs="?", default="bench", choices=["bench", "engines", "router", "table"]
+    )
     parser.add_argument("--kind", choices=["sglang", "vllm"], default="sglang")
     parser.add_argument("--routes", type=int, default=10_000)
     parser.add_argument("--canaries", type=int, default=200)
@@ -692,12 +797,18 @@ def main() -> None:
     parser.add_argument("--tree", default="")
     parser.add_argument("--port", type=int, default=0)
     parser.add_argument("--cpu-port", type=int, default=0)
+    parser.add_argument("--db", default="")
+    parser.add_argument("--table-rate", type=float, default=2000.0)
+    parser.add_argument("--table-seconds", type=float, default=20.0)
     args = parser.parse_args()
     if args.role == "engines":
         run_engines(args)
         return
     if args.role == "router":
         run_router(args)
+        return
+    if args.role == "table":
+        run_table(args)
         return
 
     sys.path.insert(0, str(ROOT))
