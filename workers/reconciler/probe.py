@@ -32,9 +32,9 @@ class Prober:
         self.pinned = pinned
         self._described: set[str] = set()
 
-    def probe(self, engine: EngineState, recorded: dict[str, dict[str, str]] | None) -> bool:
+    def probe(self, engine: EngineState, recorded: dict[str, set[str]] | None) -> bool:
         """Ask the engine what it holds and (once per contact) about itself; set what the
-        router may send it (`recorded`: the deployments recorded per engine, when leading).
+        router may send it (`recorded`: the adapters recorded loaded per engine, when leading).
         False (and marked down) when it does not answer."""
         kind = kind_of(engine.kind)
         try:
@@ -80,7 +80,7 @@ class Prober:
         )
 
     def observe(
-        self, engine: EngineState, listed: set[str], recorded: dict[str, dict[str, str]] | None
+        self, engine: EngineState, listed: set[str], recorded: dict[str, set[str]] | None
     ) -> None:
         """Set what a listing engine holds (resident) and what a call may name on it (models):
         what it lists, plus, for a kind that keeps evicted adapters callable, what it held
@@ -92,8 +92,7 @@ class Prober:
             engine.models = set(listed)
             return
         if engine.models is None:
-            ours = (recorded or {}).get(engine.url, {})
-            engine.models = listed | {a for a, s in ours.items() if s == "loaded"}
+            engine.models = listed | (recorded or {}).get(engine.url, set())
             return
         pinned = self.pinned[engine.url]
         lost = pinned - listed

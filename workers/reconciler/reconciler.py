@@ -59,11 +59,13 @@ from app.core.metrics import (
 )
 from app.engines.base import Outcome
 from app.engines.kinds import kind_of
-from app.engines.placement import CANARY, PREVIOUS, PROD, Candidate, Placement, Share
+from app.engines.placement import Candidate, Placement, Share
 from app.engines.state import EngineState
+from workers.reconciler import records
 from workers.reconciler.loads import Loaded, Loads
 from workers.reconciler.loop import CHANNEL, WANT_CHANNEL, PassLoop
 from workers.reconciler.probe import Prober
+from workers.reconciler.records import Deployments
 from workers.reconciler.staging import Desired, Stager
 
 __all__ = ["CHANNEL", "LEADER_LOCK", "PassReport", "Reconciler", "in_router"]
@@ -87,25 +89,6 @@ WANT_KEEP_S = 600.0
 DESIRED_REREAD_S = 600.0
 # Recent calls per adapter (the hot set's order) halve this often.
 TRAFFIC_HALF_LIFE_S = 300.0
-
-_DESIRED = (
-    "SELECT id, route, base_model, weights_uri, sha256,"
-    " CASE status WHEN 'canary' THEN %(canary)s WHEN 'prod' THEN %(prod)s"
-    " ELSE %(previous)s END AS rank"
-    " FROM serve.adapter"
-    " WHERE (status IN ('canary', 'prod') OR (tainted_at IS NULL AND id IN ("
-    "  SELECT previous_prod_id FROM serve.adapter"
-    "   WHERE status = 'prod' AND previous_prod_id IS NOT NULL)))"
-    " AND weights_uri IS NOT NULL AND sha256 IS NOT NULL"
-)
-_RANKS = {"canary": CANARY, "prod": PROD, "previous": PREVIOUS}
-# An adapter asked for by id: any with a verified artefact that is not retired or failed (a
-# candidate the fine-tuning API serves, an adapter whose NOTIFY has not come yet).
-_WANTED = (
-    "SELECT id, route, base_model, weights_uri, sha256, %(previous)s AS rank FROM serve.adapter"
-    " WHERE id = ANY(%(ids)s) AND status NOT IN ('retired', 'failed')"
-    " AND weights_uri IS NOT NULL AND sha256 IS NOT NULL AND tainted_at IS NULL"
-)
 
 
 @dataclass
@@ -147,10 +130,9 @@ class Reconciler(PassLoop):
         self._leaving: set[str] = set()
         self._desired: dict[str, Desired] | None = None
         self._reread_at = 0.0
-        # Per engine URL, each adapter's deployment state as recorded (read once per leadership),
-        # and the adapters recorded loaded there (set operations keep an idle pass cheap).
-        self._deployed: dict[str, dict[str, str]] | None = None
-        self._loaded: dict[str, set[str]] = {}
+        # Per engine URL, the adapters recorded loaded there (read once per leadership; set
+        # operations over them keep an idle pass cheap).
+        self.deployments = Deployments()
         # The last placement and what it was computed from (recomputed only when that changed).
         self._shares: dict[str, Share] = {}
         self._shares_key: tuple[object, ...] = ()
@@ -203,7 +185,7 @@ class Reconciler(PassLoop):
                 for adapter_id in asked:
                     conn.execute("SELECT pg_notify(%s, %s)", (WANT_CHANNEL, adapter_id))
                 return
-            if self._desired is None or self._deployed is None:
+            if self._desired is None or self.deployments.loaded is None:
                 self._kick.set()  # no pass yet: the first one serves them
                 return
             up = {e.url for e in self.engines if e.up and e.models is not None}
@@ -264,7 +246,7 @@ class Reconciler(PassLoop):
         self.leader = bool(row and row["ok"])
         if self.leader:
             # Read afresh: another leader may have changed them.
-            self._deployed = None
+            self.deployments.forget()
             self._dirty = True
             log.info("reconciler leads the fleet (loads and unloads for every engine)")
 
@@ -273,27 +255,16 @@ class Reconciler(PassLoop):
         now = time.monotonic()
         if self._desired is not None and not self._dirty and now < self._reread_at:
             if self._leaving:
-                self._leaving = self._recently_left(conn)
+                self._leaving = records.recently_left(conn, UNLOAD_GRACE_S)
             return self._desired
         self._dirty = False
-        rows = conn.execute(_DESIRED, _RANKS).fetchall()
-        self._desired = {r["id"]: Desired(**r) for r in rows}
+        self._desired = records.desired(conn)
         if self._extra:  # asked-for adapters still loadable (not retired meanwhile)
-            self._extra = self._rows(conn, list(self._extra), self._desired)
+            self._extra = records.loadable(conn, self._extra, self._desired)
             self._extra = {i: a for i, a in self._extra.items() if i not in self._desired}
         self._reread_at = now + DESIRED_REREAD_S
-        self._leaving = self._recently_left(conn)
+        self._leaving = records.recently_left(conn, UNLOAD_GRACE_S)
         return self._desired
-
-    def _recently_left(self, conn: Connection) -> set[str]:
-        """Adapters out of canary/prod for less than UNLOAD_GRACE_S (kept loaded meanwhile); a
-        tainted one is not kept."""
-        rows = conn.execute(
-            "SELECT id FROM serve.adapter WHERE status NOT IN ('canary', 'prod')"
-            " AND tainted_at IS NULL AND updated_at > now() - make_interval(secs => %s)",
-            (UNLOAD_GRACE_S,),
-        ).fetchall()
-        return {r["id"] for r in rows}
 
     def _take_wanted(
         self, conn: Connection, desired: dict[str, Desired]
@@ -317,26 +288,16 @@ class Reconciler(PassLoop):
     ) -> dict[str, Desired]:
         """Loadable rows of asked-for adapters; those not desired are kept in _extra (so no
         pass unloads them while they are kept)."""
-        rows = self._rows(conn, [i for i in asked if i not in self._extra], desired)
+        rows = records.loadable(conn, [i for i in asked if i not in self._extra], desired)
         self._extra |= {i: a for i, a in rows.items() if i not in desired}
         return rows | {i: self._extra[i] for i in asked if i in self._extra}
-
-    def _rows(
-        self, conn: Connection, ids: Iterable[str], desired: dict[str, Desired]
-    ) -> dict[str, Desired]:
-        found = {i: desired[i] for i in ids if i in desired}
-        rest = [i for i in ids if i not in found]
-        if rest:
-            rows = conn.execute(_WANTED, {"ids": rest, "previous": PREVIOUS}).fetchall()
-            found |= {r["id"]: Desired(**r) for r in rows}
-        return found
 
     # -- engines --------------------------------------------------------------------------
 
     def _probe(self, engine: EngineState, report: PassReport) -> bool:
         """Probe the engine (workers/reconciler/probe.py); note it down when it does not
         answer."""
-        if self.prober.probe(engine, self._deployed):
+        if self.prober.probe(engine, self.deployments.loaded):
             return True
         RECONCILER_ERRORS.labels("engine_down").inc()
         report.engines_down.append(engine.url)
@@ -347,19 +308,10 @@ class Reconciler(PassLoop):
         staged and verified for it (its probe told the rest)."""
         if kind_of(engine.kind).loads_adapters:
             return
-        ours = self._deployments(conn, engine.url)
-        staged = {a for a in desired if ours.get(a) == "loaded" and self.stager.is_staged(a)}
+        ours = records.loaded_on(conn, engine.url)
+        staged = {a for a in desired if a in ours and self.stager.is_staged(a)}
         engine.adapter_paths = {a: str(self.stager.path(a)) for a in staged}
         engine.models = staged
-
-    def _deployments(self, conn: Connection, url: str) -> dict[str, str]:
-        return {
-            r["adapter_id"]: r["state"]
-            for r in conn.execute(
-                "SELECT adapter_id, state FROM serve.adapter_deployment WHERE engine_url = %s",
-                (url,),
-            ).fetchall()
-        }
 
     # -- leading --------------------------------------------------------------------------
 
@@ -372,26 +324,22 @@ class Reconciler(PassLoop):
         up: set[str],
         report: PassReport,
     ) -> None:
-        if self._deployed is None:
-            self._deployed = {e.url: self._deployments(conn, e.url) for e in self.engines}
-            self._loaded = {
-                url: {a for a, st in states.items() if st == "loaded"}
-                for url, states in self._deployed.items()
-            }
-            for engine in self.engines:  # a staged copy gone from disk is staged again
-                if not kind_of(engine.kind).loads_adapters:
-                    loaded = self._loaded[engine.url]
-                    loaded &= {a for a in loaded if self.stager.is_staged(a)}
+        if self.deployments.loaded is None:
+            loaded = self.deployments.read(conn, [e.url for e in self.engines])
             self._shares_key = ()
-            for engine in self.engines:  # what was recorded loaded stays callable on SGLang
-                if engine.url in up and engine.resident is not None:
+            for engine in self.engines:
+                if not kind_of(engine.kind).loads_adapters:  # a copy gone is staged again
+                    ours = loaded[engine.url]
+                    loaded[engine.url] = {a for a in ours if self.stager.is_staged(a)}
+                elif engine.url in up and engine.resident is not None:
+                    # What was recorded loaded stays callable on SGLang (evicted at most).
                     engine.models = None
-                    self.prober.observe(engine, engine.resident, self._deployed)
-        loading = [e for e in self.engines if e.url in up and kind_of(e.kind).loads_adapters]
+                    self.prober.observe(engine, engine.resident, loaded)
         serving = desired | wanted if wanted else desired
         for engine in self.engines:
             if engine.url in up and not kind_of(engine.kind).loads_adapters:
                 self._reconcile_staged(conn, engine, serving, report)
+        loading = [e for e in self.engines if e.url in up and kind_of(e.kind).loads_adapters]
         for engine in loading:
             self._note_listed(conn, engine, serving)
         shares = self._place(serving, loading)
@@ -477,11 +425,11 @@ class Reconciler(PassLoop):
     ) -> None:
         """Record what the engine lists as loaded, and as gone what it lost (restarted): what it
         lists of the serving adapters, and each recorded loaded adapter no longer callable."""
-        loaded = self._loaded.setdefault(engine.url, set())
+        loaded = self.deployments.on(engine.url)
         models = engine.models or set()
         for adapter_id in (engine.resident or set()) - loaded:
             if adapter_id in serving:
-                self._record(conn, adapter_id, engine.url, "loaded", None)
+                self.deployments.record(conn, adapter_id, engine.url, "loaded", None)
         for adapter_id in loaded - models:
             if adapter_id in serving:
                 log.warning(
@@ -490,7 +438,8 @@ class Reconciler(PassLoop):
                     engine.url,
                     adapter_id,
                 )
-            self._record(conn, adapter_id, engine.url, "unloaded", "the engine no longer lists it")
+            gone = "the engine no longer lists it"
+            self.deployments.record(conn, adapter_id, engine.url, "unloaded", gone)
 
     def _count_traffic(self) -> bool:
         """Take the calls the router counted per adapter into the hot set's order (halved every
@@ -528,7 +477,7 @@ class Reconciler(PassLoop):
             return
         COLD_STARTS.labels(engine.url).inc()
         self._failed_at.pop(key, None)
-        self._record(conn, adapter.id, engine.url, "loaded", None, checked=True)
+        self.deployments.record(conn, adapter.id, engine.url, "loaded", None, checked=True)
         report.loaded.append(key)
         log.info(
             "loaded adapter %s into %s%s",
@@ -549,7 +498,7 @@ class Reconciler(PassLoop):
     ) -> None:
         RECONCILER_ERRORS.labels(reason).inc()
         self._failed_at[adapter.id, engine.url] = time.monotonic()
-        self._record(
+        self.deployments.record(
             conn, adapter.id, engine.url, "failed", message, checked=checked and reason == "sha256"
         )
         rep.failed.append((adapter.id, engine.url, message))
@@ -561,13 +510,13 @@ class Reconciler(PassLoop):
         self, conn: Connection, engine: EngineState, serving: dict[str, Desired], rep: PassReport
     ) -> None:
         """Unload what this fleet loaded into the engine that it serves no longer."""
-        retired = self._loaded.get(engine.url, set()) - serving.keys() - self._leaving
+        retired = self.deployments.on(engine.url) - serving.keys() - self._leaving
         for adapter_id in retired:
             if not self._unload(engine, adapter_id):
                 continue  # tried again next pass
             engine.forget(adapter_id)
             self.loads.pinned[engine.url].discard(adapter_id)
-            self._record(conn, adapter_id, engine.url, "unloaded", None)
+            self.deployments.record(conn, adapter_id, engine.url, "unloaded", None)
             rep.unloaded.append((adapter_id, engine.url))
 
     def _unload(self, engine: EngineState, adapter_id: str) -> bool:
@@ -591,7 +540,7 @@ class Reconciler(PassLoop):
         it reads them; no engine call but its probe (and, vllm-lazy, the unload of a retired
         adapter it took on a call)."""
         kind = kind_of(engine.kind)
-        loaded = self._loaded.setdefault(engine.url, set())
+        loaded = self.deployments.on(engine.url)
         now = time.monotonic()
         for adapter_id in serving.keys() - loaded:
             adapter = serving[adapter_id]
@@ -607,14 +556,14 @@ class Reconciler(PassLoop):
                 self._refuse(conn, engine, adapter, rep, "fetch", str(exc), False)
                 continue
             self._failed_at.pop((adapter_id, engine.url), None)
-            self._record(conn, adapter_id, engine.url, "loaded", None, checked=True)
+            self.deployments.record(conn, adapter_id, engine.url, "loaded", None, checked=True)
             rep.loaded.append((adapter_id, engine.url))
             log.info("staged adapter %s for %s (loaded on first use)", adapter_id, engine.url)
         for adapter_id in loaded - serving.keys() - self._leaving:
             # An engine that took it on a call keeps it until told (vLLM's resolver).
             if kind.unloads_staged and not self._unload(engine, adapter_id):
                 continue  # tried again next pass
-            self._record(conn, adapter_id, engine.url, "unloaded", None)
+            self.deployments.record(conn, adapter_id, engine.url, "unloaded", None)
             rep.unloaded.append((adapter_id, engine.url))
         staged = loaded & serving.keys()
         if staged != engine.models:
@@ -628,33 +577,6 @@ class Reconciler(PassLoop):
         ROUTER_ACTIVE_ADAPTERS.labels(engine.url).set(len(models & serving.keys()))
         ENGINE_LORA_ADAPTERS.labels(engine.url, "resident").set(len(resident & serving.keys()))
         ENGINE_LORA_ADAPTERS.labels(engine.url, "pinned").set(len(self.loads.pinned[engine.url]))
-
-    def _record(
-        self,
-        conn: Connection,
-        adapter_id: str,
-        engine_url: str,
-        state: str,
-        error: str | None,
-        *,
-        checked: bool = False,
-    ) -> None:
-        conn.execute(
-            "INSERT INTO serve.adapter_deployment AS d"
-            " (adapter_id, engine_url, state, error, sha256_checked_at)"
-            " VALUES (%(a)s, %(e)s, %(s)s, %(err)s, CASE WHEN %(c)s THEN now() END)"
-            " ON CONFLICT (adapter_id, engine_url) DO UPDATE SET state = excluded.state,"
-            " error = excluded.error, updated_at = now(),"
-            " sha256_checked_at = coalesce(excluded.sha256_checked_at, d.sha256_checked_at)",
-            {"a": adapter_id, "e": engine_url, "s": state, "err": error, "c": checked},
-        )
-        if self._deployed is not None:
-            self._deployed.setdefault(engine_url, {})[adapter_id] = state
-            loaded = self._loaded.setdefault(engine_url, set())
-            if state == "loaded":
-                loaded.add(adapter_id)
-            else:
-                loaded.discard(adapter_id)
 
     def close(self) -> None:
         """Close the kept connection, the wake-up sockets, the load threads and the HTTP client

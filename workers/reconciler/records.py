@@ -1,0 +1,126 @@
+"""What the reconciler reads from serve.adapter, and what it records in
+serve.adapter_deployment (one row per adapter and engine: loaded, failed or unloaded, why, and
+when its sha256 was last checked).
+
+The recorded states are read once, when a reconciler starts leading, and kept in memory in
+step with every record it writes: a pass compares sets, it does not read them again.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+
+from app.core.db import Connection
+from app.engines.placement import CANARY, PREVIOUS, PROD
+from workers.reconciler.staging import Desired
+
+# Every canary and prod, and each route's previous prod (kept for an instant rollback), with
+# its class in the hot set.
+_DESIRED = (
+    "SELECT id, route, base_model, weights_uri, sha256,"
+    " CASE status WHEN 'canary' THEN %(canary)s WHEN 'prod' THEN %(prod)s"
+    " ELSE %(previous)s END AS rank"
+    " FROM serve.adapter"
+    " WHERE (status IN ('canary', 'prod') OR (tainted_at IS NULL AND id IN ("
+    "  SELECT previous_prod_id FROM serve.adapter"
+    "   WHERE status = 'prod' AND previous_prod_id IS NOT NULL)))"
+    " AND weights_uri IS NOT NULL AND sha256 IS NOT NULL"
+)
+_RANKS = {"canary": CANARY, "prod": PROD, "previous": PREVIOUS}
+# An adapter asked for by id: any with a verified artefact that is not retired, failed or
+# tainted (a candidate served before its canary, an adapter whose NOTIFY has not come yet).
+_ASKED = (
+    "SELECT id, route, base_model, weights_uri, sha256, %(previous)s AS rank FROM serve.adapter"
+    " WHERE id = ANY(%(ids)s) AND status NOT IN ('retired', 'failed')"
+    " AND weights_uri IS NOT NULL AND sha256 IS NOT NULL AND tainted_at IS NULL"
+)
+
+
+def desired(conn: Connection) -> dict[str, Desired]:
+    """The adapters the fleet serves, by id."""
+    rows = conn.execute(_DESIRED, _RANKS).fetchall()
+    return {r["id"]: Desired(**r) for r in rows}
+
+
+def recently_left(conn: Connection, grace_s: float) -> set[str]:
+    """Adapters out of canary/prod for less than grace_s (kept loaded meanwhile); a tainted
+    one is not kept."""
+    rows = conn.execute(
+        "SELECT id FROM serve.adapter WHERE status NOT IN ('canary', 'prod')"
+        " AND tainted_at IS NULL AND updated_at > now() - make_interval(secs => %s)",
+        (grace_s,),
+    ).fetchall()
+    return {r["id"] for r in rows}
+
+
+def loadable(
+    conn: Connection, ids: Iterable[str], desired: dict[str, Desired]
+) -> dict[str, Desired]:
+    """The adapters of `ids` that may be loaded: from `desired`, else read."""
+    ids = list(ids)
+    found = {i: desired[i] for i in ids if i in desired}
+    rest = [i for i in ids if i not in found]
+    if rest:
+        rows = conn.execute(_ASKED, {"ids": rest, "previous": PREVIOUS}).fetchall()
+        found |= {r["id"]: Desired(**r) for r in rows}
+    return found
+
+
+def loaded_on(conn: Connection, url: str) -> set[str]:
+    """The adapters recorded loaded on an engine."""
+    rows = conn.execute(
+        "SELECT adapter_id FROM serve.adapter_deployment"
+        " WHERE engine_url = %s AND state = 'loaded'",
+        (url,),
+    ).fetchall()
+    return {r["adapter_id"] for r in rows}
+
+
+class Deployments:
+    """Per engine URL, the adapters recorded loaded there: read once (read()), then kept in
+    step with record()."""
+
+    def __init__(self) -> None:
+        self.loaded: dict[str, set[str]] | None = None
+
+    def read(self, conn: Connection, urls: Iterable[str]) -> dict[str, set[str]]:
+        """Read what is recorded for these engines (when a reconciler starts leading)."""
+        self.loaded = {url: loaded_on(conn, url) for url in urls}
+        return self.loaded
+
+    def forget(self) -> None:
+        """Read them again before the next use (another leader may have changed them)."""
+        self.loaded = None
+
+    def on(self, url: str) -> set[str]:
+        """The adapters recorded loaded on an engine (empty until read)."""
+        if self.loaded is None:
+            return set()
+        return self.loaded.setdefault(url, set())
+
+    def record(
+        self,
+        conn: Connection,
+        adapter_id: str,
+        engine_url: str,
+        state: str,
+        error: str | None,
+        *,
+        checked: bool = False,
+    ) -> None:
+        """Record what became of an adapter on an engine (loaded, failed, unloaded)."""
+        conn.execute(
+            "INSERT INTO serve.adapter_deployment AS d"
+            " (adapter_id, engine_url, state, error, sha256_checked_at)"
+            " VALUES (%(a)s, %(e)s, %(s)s, %(err)s, CASE WHEN %(c)s THEN now() END)"
+            " ON CONFLICT (adapter_id, engine_url) DO UPDATE SET state = excluded.state,"
+            " error = excluded.error, updated_at = now(),"
+            " sha256_checked_at = coalesce(excluded.sha256_checked_at, d.sha256_checked_at)",
+            {"a": adapter_id, "e": engine_url, "s": state, "err": error, "c": checked},
+        )
+        if self.loaded is not None:
+            loaded = self.loaded.setdefault(engine_url, set())
+            if state == "loaded":
+                loaded.add(adapter_id)
+            else:
+                loaded.discard(adapter_id)
