@@ -107,7 +107,16 @@ def create_app(
     app.add_middleware(
         fastpath.GatewayFastPath, routes=fastpath.routes(app.routes, gateway_api.FAST_PATH)
     )
-    app.add_middleware(BodyLimitMiddleware, max_bytes=settings.max_body_bytes)
+    app.add_middleware(
+        BodyLimitMiddleware,
+        max_bytes=settings.max_body_bytes,
+        uploads={
+            adapters_api.IMPORT_PATH: (
+                settings.adapter_import_max_bytes,
+                "CFT_ADAPTER_IMPORT_MAX_BYTES",
+            )
+        },
+    )
     app.include_router(training_api.router)
     app.include_router(evals_api.router)
     app.include_router(privacy_api.router)

@@ -88,8 +88,14 @@ class Settings(BaseSettings):
     )
     engine_max_lora_rank: int = Field(
         16,
-        description="The engines' --max-lora-rank: the trainer refuses to register an adapter"
-        " an engine would not load (app/engines/compat.py).",
+        description="The engines' --max-lora-rank: the trainer and an adapter import refuse to"
+        " register an adapter an engine would not load (app/engines/compat.py).",
+    )
+    adapter_import_max_bytes: int = Field(
+        512 * 1024 * 1024,
+        gt=0,
+        description="Largest adapter import (POST /v1/adapters, `cft adapter import`): the"
+        " upload, and the files it unpacks to, in bytes.",
     )
     route_cache_ttl: float = Field(
         5.0, description="Seconds the router caches a route (NOTIFY invalidates at once)."
