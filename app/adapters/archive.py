@@ -166,7 +166,7 @@ def _unzip(src: IO[bytes], dest: Path, budget: _Budget) -> None:
                 if info.is_dir():
                     _folder(dest.joinpath(*parts), info.filename)
                     continue
-                if mode and not stat.S_ISREG(mode):
+                if stat.S_IFMT(mode) not in (0, stat.S_IFREG):  # 0: no type recorded
                     raise _unsafe(info.filename, "is a device, FIFO or other special file")
                 if info.flag_bits & 0x1:
                     raise _unsafe(info.filename, "is encrypted")
