@@ -433,7 +433,7 @@ def test_round_trip_export_train_with_trl_import_with_the_cli_evaluate_serve(
             for n in ("Ana", "Ben", "Cy", "Di")
         ]  # fmt: skip
         snap = make_snapshot(
-            c, tenant_id=world.tenant["id"], route=route, method="sft", train=train, eval=train[:2]
+            c, tenant_id=world.tenant["id"], route=route, method="sft", train=train, eval=train[:1]
         )
     env = {
         "CFT_DATABASE_URL": world.db_url,
@@ -447,7 +447,7 @@ def test_round_trip_export_train_with_trl_import_with_the_cli_evaluate_serve(
         data = tmp_path / "data"
         assert cli.main(["dataset", "export", str(snap["id"]), "--format", "parquet", "-o", str(data)]) == 0
         ds = load_dataset(str(data))
-        assert (ds["train"].num_rows, ds["eval"].num_rows) == (4, 2)
+        assert (ds["train"].num_rows, ds["eval"].num_rows) == (4, 1)
 
         base = basemodels.local_dir(BASE, models_dir)
         tok = AutoTokenizer.from_pretrained(base)
@@ -457,7 +457,7 @@ def test_round_trip_export_train_with_trl_import_with_the_cli_evaluate_serve(
                 output_dir=str(tmp_path / "run"),
                 max_steps=2,
                 per_device_train_batch_size=2,
-                max_length=64,
+                max_length=32,
                 learning_rate=1e-3,
                 report_to=[],
                 save_strategy="no",

@@ -60,6 +60,7 @@ READ = frozenset({"reader", "trainer", "release", "admin"})
 DASHBOARD_READ = frozenset({"reader", "trainer", "release"})
 EXPECTED: dict[str, frozenset[str]] = {
     "GET /v1/adapters": READ,
+    "POST /v1/adapters": frozenset({"trainer", "admin"}),
     "GET /v1/adapters/{adapter_id}": READ,
     "GET /v1/adapters/{adapter_id}/promotion-check": READ,
     "POST /v1/adapters/{adapter_id}/canary": frozenset({"release", "admin"}),
