@@ -27,6 +27,7 @@ from app.core import basemodels
 from app.core.artefacts import CONFIG_FILE, WEIGHTS_FILE, sha256_file
 from app.core.auth import create_key
 from app.core.config import Settings, get_settings
+from cft import cli
 from cft.engine.core import Engine
 from cft.engine.server import create_app as create_engine_app
 from cft.serve import create_app
@@ -36,7 +37,6 @@ from tests.support.lora import make_adapter_dir
 from tests.support.servers import serve_app
 from tests.support.stack import wait_until
 from tests.support.training import make_snapshot, tiny_llama
-from cft import cli
 
 pytestmark = pytest.mark.slow
 BASE = basemodels.BUNDLED
@@ -148,7 +148,9 @@ def world(
             role: {"Authorization": f"Bearer {create_key(c, tenant_id=t['id'], role=role)}"}
             for role in ("trainer", "release", "reader", "client")
         }
-        other_key = {"Authorization": f"Bearer {create_key(c, tenant_id=other['id'], role='trainer')}"}
+        other_key = {
+            "Authorization": f"Bearer {create_key(c, tenant_id=other['id'], role='trainer')}"
+        }
     settings = Settings(
         home=ROOT / ".cft",  # the converted base: the import checks shapes against its config
         artefact_dir=tmp / "artefacts",
@@ -276,7 +278,9 @@ def _zip_entry(name: str, data: bytes) -> Callable[[zipfile.ZipFile], None]:
 
 
 # (upload builder (good adapter folder, tmp) -> (bytes, form fields, key), status, code, words)
-CASES: dict[str, tuple[Callable[[Path, Path], tuple[bytes, dict[str, str], str]], int, str, str]] = {
+CASES: dict[
+    str, tuple[Callable[[Path, Path], tuple[bytes, dict[str, str], str]], int, str, str]
+] = {
     "declared base is another model": (
         lambda a, t: (
             tar_gz(_config(_copy(a, t), base_model_name_or_path="meta-llama/Llama-3.1-8B")),
@@ -313,7 +317,9 @@ CASES: dict[str, tuple[Callable[[Path, Path], tuple[bytes, dict[str, str], str]]
     ),
     "a missing lora_B": (
         lambda a, t: (
-            tar_gz(_drop_tensors(_copy(a, t), lambda k: "layers.3.self_attn.v_proj.lora_B" not in k)),
+            tar_gz(
+                _drop_tensors(_copy(a, t), lambda k: "layers.3.self_attn.v_proj.lora_B" not in k)
+            ),
             {},
             "trainer",
         ),
@@ -348,7 +354,11 @@ CASES: dict[str, tuple[Callable[[Path, Path], tuple[bytes, dict[str, str], str]]
         "escapes the archive",
     ),
     "absolute path": (
-        lambda a, t: (tar_gz(a, extra=_member("/tmp/evil.txt", tarfile.REGTYPE, b"x")), {}, "trainer"),
+        lambda a, t: (
+            tar_gz(a, extra=_member("/tmp/evil.txt", tarfile.REGTYPE, b"x")),
+            {},
+            "trainer",
+        ),
         422,
         "unsafe_archive",
         "has an absolute path",
@@ -445,7 +455,10 @@ def test_round_trip_export_train_with_trl_import_with_the_cli_evaluate_serve(
     get_settings.cache_clear()
     try:
         data = tmp_path / "data"
-        assert cli.main(["dataset", "export", str(snap["id"]), "--format", "parquet", "-o", str(data)]) == 0
+        assert (
+            cli.main(["dataset", "export", str(snap["id"]), "--format", "parquet", "-o", str(data)])
+            == 0
+        )
         ds = load_dataset(str(data))
         assert (ds["train"].num_rows, ds["eval"].num_rows) == (4, 1)
 
@@ -471,7 +484,14 @@ def test_round_trip_export_train_with_trl_import_with_the_cli_evaluate_serve(
         trainer.save_model(str(tmp_path / "trained"))  # also tokenizer files: not imported
 
         argv = ["adapter", "import", str(tmp_path / "trained"), "--route", route]
-        argv += ["--method", "sft", "--snapshot", str(snap["id"]), "--metadata", '{"trainer": "trl"}']
+        argv += [
+            "--method",
+            "sft",
+            "--snapshot",
+            str(snap["id"]),
+            "--metadata",
+            '{"trainer": "trl"}',
+        ]
         assert cli.main(argv) == 0
     finally:
         get_settings.cache_clear()
@@ -509,11 +529,14 @@ def test_chunked_upload_over_the_limit_is_413_and_stores_nothing(world: World) -
     ).encode()
     before = world.state()
     chunk = b"\0" * (1 << 20)
-    body = iter([head, *[chunk] * (MAX_IMPORT // len(chunk) + 1), f"\r\n--{boundary}--\r\n".encode()])
+    body = iter(
+        [head, *[chunk] * (MAX_IMPORT // len(chunk) + 1), f"\r\n--{boundary}--\r\n".encode()]
+    )
     resp = httpx.post(
         f"{world.api}/v1/adapters",
         content=body,
-        headers=world.keys["trainer"] | {"Content-Type": f"multipart/form-data; boundary={boundary}"},
+        headers=world.keys["trainer"]
+        | {"Content-Type": f"multipart/form-data; boundary={boundary}"},
         timeout=60,
     )
     assert resp.status_code == 413, resp.text

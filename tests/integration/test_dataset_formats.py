@@ -44,9 +44,9 @@ def world(
         t, other = make_tenant(c), make_tenant(c)
         route = make_route(c, tenant_id=t["id"])["name"]
         snaps = {
-            m: make_snapshot(
-                c, tenant_id=t["id"], route=route, method=m, eval=examples(m, 2)[1:]
-            )["id"]
+            m: make_snapshot(c, tenant_id=t["id"], route=route, method=m, eval=examples(m, 2)[1:])[
+                "id"
+            ]
             for m in ("sft", "dpo", "kto")
         }
         snaps["rich"] = make_snapshot(
@@ -163,17 +163,52 @@ def test_openai_and_parquet_exports_of_rich_messages_and_another_tenants_snapsho
     get_settings.cache_clear()
     try:
         out = tmp_path / "rich"
-        assert cli.main(["dataset", "export", str(world["snaps"]["rich"]), "--format", "parquet", "-o", str(out)]) == 0
+        assert (
+            cli.main(
+                [
+                    "dataset",
+                    "export",
+                    str(world["snaps"]["rich"]),
+                    "--format",
+                    "parquet",
+                    "-o",
+                    str(out),
+                ]
+            )
+            == 0
+        )
         ds = load_dataset(str(out))
         assert list(ds) == ["train"] and ds["train"][0]["messages"][1]["content"] == "Hi there"
         out = tmp_path / "dpo"
-        assert cli.main(["dataset", "export", str(world["snaps"]["dpo"]), "--format", "parquet", "-o", str(out)]) == 0
+        assert (
+            cli.main(
+                [
+                    "dataset",
+                    "export",
+                    str(world["snaps"]["dpo"]),
+                    "--format",
+                    "parquet",
+                    "-o",
+                    str(out),
+                ]
+            )
+            == 0
+        )
         ds = load_dataset(str(out))
         assert {s: ds[s].num_rows for s in ds} == {"train": 4, "eval": 1}
         path = tmp_path / "kto.jsonl"
-        argv = ["dataset", "export", str(world["snaps"]["kto"]), "--format", "trl-unpaired-preference"]
+        argv = [
+            "dataset",
+            "export",
+            str(world["snaps"]["kto"]),
+            "--format",
+            "trl-unpaired-preference",
+        ]
         assert cli.main([*argv, "--split", "eval", "-o", str(path)]) == 0
         assert [json.loads(x)["label"] for x in path.read_text().splitlines()] == [True]
-        assert cli.main(["dataset", "export", str(world["snaps"]["kto"]), "--format", "openai-chat"]) == 2
+        assert (
+            cli.main(["dataset", "export", str(world["snaps"]["kto"]), "--format", "openai-chat"])
+            == 2
+        )
     finally:
         get_settings.cache_clear()
