@@ -57,7 +57,7 @@ def _metadata(raw: str | None) -> dict[str, Any]:
         return {}
     try:
         value = json.loads(raw)
-    except ValueError as exc:
+    except (ValueError, RecursionError) as exc:
         raise Unprocessable(f"metadata is not JSON: {exc}", param="metadata") from exc
     if not isinstance(value, dict):
         raise Unprocessable("metadata must be a JSON object", param="metadata")

@@ -141,7 +141,7 @@ def _import(args: argparse.Namespace) -> int:
         metadata = json.loads(args.metadata) if args.metadata else {}
         if not isinstance(metadata, dict):
             raise ValueError("not a JSON object")
-    except ValueError as exc:
+    except (ValueError, RecursionError) as exc:
         print(f"error: --metadata must be a JSON object ({exc})", file=sys.stderr)
         return 2
     try:

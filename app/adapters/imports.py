@@ -125,7 +125,7 @@ def _read_config(adapter_dir: Path) -> dict[str, Any]:
         raise Unprocessable(f"{CONFIG_FILE} is over {MAX_CONFIG_BYTES} bytes", code="bad_adapter")
     try:
         cfg = json.loads(path.read_text())
-    except (OSError, ValueError) as exc:
+    except (OSError, ValueError, RecursionError) as exc:
         raise Unprocessable(f"{CONFIG_FILE} is not valid JSON: {exc}", code="bad_adapter") from exc
     if not isinstance(cfg, dict):
         raise Unprocessable(f"{CONFIG_FILE} is not a JSON object", code="bad_adapter")

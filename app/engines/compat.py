@@ -134,10 +134,9 @@ def _config_problems(cfg: dict[str, Any], max_lora_rank: int, report: Report) ->
             out.append(f"LoRA rank `r` must be a positive integer, got {r!r}")
         else:
             report.rank = r
-            ranks = [
-                r,
-                *(v for v in (cfg.get("rank_pattern") or {}).values() if isinstance(v, int)),
-            ]
+            pattern = cfg.get("rank_pattern")
+            per_module = pattern.values() if isinstance(pattern, dict) else ()
+            ranks = [r, *(v for v in per_module if isinstance(v, int))]
             if max(ranks) > max_lora_rank:
                 out.append(
                     f"LoRA rank {max(ranks)} is greater than max_lora_rank {max_lora_rank}"
@@ -256,7 +255,7 @@ def check(
     except FileNotFoundError:
         report.problems.append(f"{CONFIG_FILE} is missing")
         cfg = None
-    except (OSError, ValueError) as exc:
+    except (OSError, ValueError, RecursionError) as exc:
         report.problems.append(f"{CONFIG_FILE} is not valid JSON: {exc}")
         cfg = None
     if cfg is not None:
@@ -267,7 +266,7 @@ def check(
         return report
     try:
         header = read_safetensors_header(weights)
-    except (OSError, ValueError) as exc:
+    except (OSError, ValueError, RecursionError) as exc:
         report.problems.append(f"{WEIGHTS_FILE}: {exc}")
         return report
     report.problems += _tensor_problems(header, frozenset(supported_modules), report)
