@@ -20,6 +20,7 @@ A format that does not fit the snapshot's method is refused (`check`), naming th
 
 from __future__ import annotations
 
+import hashlib
 import io
 import json
 from collections.abc import Iterable, Iterator
@@ -142,12 +143,12 @@ def parquet_bytes(examples: Iterable[dict[str, Any]]) -> bytes:
     return buf.getvalue()
 
 
-def dataset_card(splits: Iterable[str]) -> str:
+def dataset_card(splits: Iterable[str], config_name: str) -> str:
     """A README.md whose front matter names each split's file, so that
     `datasets.load_dataset(FOLDER)` reads the splits under their own names."""
     files = "".join(f"  - split: {s}\n    path: {s}.parquet\n" for s in splits)
     return (
-        "---\nconfigs:\n- config_name: default\n  data_files:\n"
+        f"---\nconfigs:\n- config_name: {config_name}\n  data_files:\n"
         + files
         + "---\n\nA cft dataset snapshot, exported by `cft dataset export --format parquet`.\n"
     )
@@ -155,10 +156,19 @@ def dataset_card(splits: Iterable[str]) -> str:
 
 def write_parquet_folder(folder: Path, splits: dict[str, list[dict[str, Any]]]) -> dict[str, int]:
     """Write <split>.parquet for each split that has examples, and a README.md naming them,
-    into folder; returns the examples written per split."""
+    into folder; returns the examples written per split.
+
+    The card's config is named after the files' content: `datasets` caches a folder's data
+    under its config's name, so an export of other data into the same folder gets a name of
+    its own instead of the cached rows of the last one.
+    """
     folder.mkdir(parents=True, exist_ok=True)
-    written = {split: rows for split, rows in splits.items() if rows}
-    for split, examples in written.items():
-        (folder / f"{split}.parquet").write_bytes(parquet_bytes(examples))
-    (folder / "README.md").write_text(dataset_card(written))
-    return {split: len(rows) for split, rows in written.items()}
+    files = {split: parquet_bytes(rows) for split, rows in splits.items() if rows}
+    for split in splits.keys() - files.keys():  # an empty split: no file of a past export
+        (folder / f"{split}.parquet").unlink(missing_ok=True)
+    digest = hashlib.sha256()
+    for split, data in files.items():
+        (folder / f"{split}.parquet").write_bytes(data)
+        digest.update(split.encode() + b"\0" + hashlib.sha256(data).digest())
+    (folder / "README.md").write_text(dataset_card(files, f"cft-{digest.hexdigest()[:16]}"))
+    return {split: len(rows) for split, rows in splits.items() if rows}

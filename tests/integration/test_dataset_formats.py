@@ -66,6 +66,10 @@ def world(
     testdb.drop(pg_server, url)
 
 
+def _cft(*argv: Any) -> int:
+    return cli.main([str(a) for a in argv])
+
+
 def _export(world: dict[str, Any], snap: str, fmt: str, split: str = "train", key: str = "key"):
     return httpx.get(
         f"{world['api']}/v1/datasets/snapshots/{world['snaps'][snap]}/export",
@@ -157,58 +161,25 @@ def test_openai_and_parquet_exports_of_rich_messages_and_another_tenants_snapsho
     assert line["messages"][1] == RICH["messages"][1]
     assert _export(world, "sft", "cft", key="other").status_code == 404
 
-    # The CLI: a Parquet folder `datasets` loads with its splits by name (text parts joined),
-    # and JSONL in a format, to a file.
+    # The CLI: a Parquet folder `datasets` loads with its splits by name (text parts joined);
+    # another snapshot exported into the same folder loads as itself, not from datasets' cache.
+    # Then JSONL in a format, to a file.
     monkeypatch.setenv("CFT_DATABASE_URL", world["url"])
     get_settings.cache_clear()
+    snaps = world["snaps"]
     try:
-        out = tmp_path / "rich"
-        assert (
-            cli.main(
-                [
-                    "dataset",
-                    "export",
-                    str(world["snaps"]["rich"]),
-                    "--format",
-                    "parquet",
-                    "-o",
-                    str(out),
-                ]
-            )
-            == 0
-        )
+        out = tmp_path / "data"
+        assert _cft("dataset", "export", snaps["rich"], "--format", "parquet", "-o", out) == 0
         ds = load_dataset(str(out))
         assert list(ds) == ["train"] and ds["train"][0]["messages"][1]["content"] == "Hi there"
-        out = tmp_path / "dpo"
-        assert (
-            cli.main(
-                [
-                    "dataset",
-                    "export",
-                    str(world["snaps"]["dpo"]),
-                    "--format",
-                    "parquet",
-                    "-o",
-                    str(out),
-                ]
-            )
-            == 0
-        )
+        assert _cft("dataset", "export", snaps["dpo"], "--format", "parquet", "-o", out) == 0
         ds = load_dataset(str(out))
         assert {s: ds[s].num_rows for s in ds} == {"train": 4, "eval": 1}
+        assert set(ds["train"].column_names) == {"prompt", "chosen", "rejected"}
         path = tmp_path / "kto.jsonl"
-        argv = [
-            "dataset",
-            "export",
-            str(world["snaps"]["kto"]),
-            "--format",
-            "trl-unpaired-preference",
-        ]
-        assert cli.main([*argv, "--split", "eval", "-o", str(path)]) == 0
+        kto = ("dataset", "export", snaps["kto"], "--format", "trl-unpaired-preference")
+        assert _cft(*kto, "--split", "eval", "-o", path) == 0
         assert [json.loads(x)["label"] for x in path.read_text().splitlines()] == [True]
-        assert (
-            cli.main(["dataset", "export", str(world["snaps"]["kto"]), "--format", "openai-chat"])
-            == 2
-        )
+        assert _cft("dataset", "export", snaps["kto"], "--format", "openai-chat") == 2
     finally:
         get_settings.cache_clear()
