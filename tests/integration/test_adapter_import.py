@@ -32,6 +32,7 @@ from cft.engine.core import Engine
 from cft.engine.server import create_app as create_engine_app
 from cft.serve import create_app
 from tests.support import db as testdb
+from tests.support import s3
 from tests.support.factories import make_route, make_tenant
 from tests.support.lora import make_adapter_dir
 from tests.support.servers import serve_app
@@ -542,3 +543,37 @@ def test_chunked_upload_over_the_limit_is_413_and_stores_nothing(world: World) -
     assert resp.status_code == 413, resp.text
     assert resp.json()["error"]["code"] == "payload_too_large"
     assert world.state() == before
+
+
+def test_cli_imports_an_s3_prefix_and_refuses_an_empty_one(
+    world: World, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    with world.owner() as c:
+        route = make_route(c, tenant_id=world.tenant["id"], base_model=BASE)["name"]
+    with s3.moto_server() as endpoint:
+        bucket = s3.client(endpoint)
+        bucket.create_bucket(Bucket="team-models")
+        for path in world.adapters[1].iterdir():  # with PEFT's README.md, left out
+            bucket.upload_file(str(path), "team-models", f"run-42/final/{path.name}")
+        env = s3.settings_env(endpoint) | {
+            "CFT_DATABASE_URL": world.db_url,
+            "CFT_HOME": str(ROOT / ".cft"),
+            "CFT_ARTEFACT_DIR": str(world.settings.artefact_path),
+        }
+        for k, v in env.items():
+            monkeypatch.setenv(k, v)
+        get_settings.cache_clear()
+        try:
+            argv = ["adapter", "import", "--route", route, "--method", "dpo"]
+            before = world.state()
+            assert cli.main([*argv, "s3://team-models/run-41/"]) == 1
+            assert "nothing is stored under s3://team-models/run-41/" in capsys.readouterr().err
+            assert world.state() == before
+            assert cli.main([*argv, "s3://team-models/run-42/final"]) == 0
+        finally:
+            get_settings.cache_clear()
+    with world.owner() as c:
+        row = c.execute("SELECT * FROM serve.adapter WHERE route = %s", (route,)).fetchone()
+    assert (row["method"], row["source"]) == ("dpo", "imported")
+    assert row["import_detail"]["origin"] == "s3://team-models/run-42/final"
+    assert row["sha256"] == sha256_file(world.adapters[1] / WEIGHTS_FILE)
