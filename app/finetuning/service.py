@@ -178,16 +178,24 @@ def create(conn: Connection, *, tenant_id: int, body: JobCreate, actor: str) -> 
         ),
     )
     counts = snap["counts"]
+    left_out = (counts["train_examples"] - counts["train_kept"]) + (
+        counts["eval_examples"] - counts["eval_kept"]
+    )
+    validated = (
+        f"Validated files: {snap['n_train']} training and {snap['n_eval']} validation examples"
+    )
+    if left_out:
+        validated += f" ({left_out} repeated examples left out)"
     conn.execute(
         "INSERT INTO train.fine_tuning_event (tenant_id, job_id, level, type, message, data)"
-        " VALUES (%s, %s, 'info', 'message', %s, %s), (%s, %s, 'info', 'message', %s, NULL)",
+        " VALUES (%s, %s, 'info', 'message', %s, NULL), (%s, %s, 'info', 'message', %s, %s)",
         (
             tenant_id,
             job_id,
-            f"Validated files: {snap['n_train']} training and {snap['n_eval']} validation"
-            f" examples ({counts['train_examples'] - counts['train_kept']} repeated training"
-            f" examples and {counts['eval_examples'] - counts['eval_kept']} validation examples"
-            " also in training or repeated left out)",
+            f"Created fine-tuning job: {job_id}",
+            tenant_id,
+            job_id,
+            validated,
             Jsonb(
                 {
                     "snapshot_id": str(snap["id"]),
@@ -197,9 +205,6 @@ def create(conn: Connection, *, tenant_id: int, body: JobCreate, actor: str) -> 
                     "n_eval": snap["n_eval"],
                 }
             ),
-            tenant_id,
-            job_id,
-            f"Created fine-tuning job: {job_id}",
         ),
     )
     return get_or_raise(conn, job_id=job_id)

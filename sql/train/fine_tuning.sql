@@ -137,9 +137,9 @@ BEGIN
      ORDER BY h, o
   )
   INSERT INTO train.dataset_example (snapshot_id, example_hash, split, log_ids, example)
-  SELECT v_id, t.h, 'train', '{}', t.e FROM t
+  SELECT v_id, t.h, 'train', '{}'::bigint[], t.e FROM t
   UNION ALL
-  SELECT v_id, v.h, 'eval', '{}', v.e FROM v;
+  SELECT v_id, v.h, 'eval', '{}'::bigint[], v.e FROM v;
   PERFORM set_config('cft.writing_snapshot', '', true);
 
   SELECT count(*) FILTER (WHERE split = 'train'), count(*) FILTER (WHERE split = 'eval'),
@@ -176,16 +176,29 @@ DECLARE
   v_step  int := (NEW.progress->>'step')::int;
   v_total int := (NEW.progress->>'total')::int;
   v_loss  double precision := (NEW.progress->>'loss')::double precision;
+  v_old   int := coalesce((OLD.progress->>'step')::int, 0);
 BEGIN
   SELECT * INTO v_job FROM train.fine_tuning_job WHERE training_run_id = NEW.id;
   IF NOT FOUND THEN
     RETURN NULL;
   END IF;
-  IF v_step > coalesce((OLD.progress->>'step')::int, 0) AND v_loss IS NOT NULL THEN
+  -- Each logged step since the last change: the progress's loss history holds them even when
+  -- a heartbeat came after several steps (the last loss alone when it has none).
+  IF v_step > v_old THEN
     INSERT INTO train.fine_tuning_event (tenant_id, job_id, level, type, message, data)
-    VALUES (NEW.tenant_id, v_job.id, 'info', 'metrics',
-            format('Step %s/%s: training loss=%s', v_step, v_total, round(v_loss::numeric, 4)),
-            jsonb_build_object('step', v_step, 'total_steps', v_total, 'train_loss', v_loss));
+    SELECT NEW.tenant_id, v_job.id, 'info', 'metrics',
+           format('Step %s/%s: training loss=%s', p.step, v_total, round(p.loss::numeric, 4)),
+           jsonb_build_object('step', p.step, 'total_steps', v_total, 'train_loss', p.loss)
+      FROM (SELECT (h->>0)::numeric::int AS step, (h->>1)::double precision AS loss
+              FROM jsonb_array_elements(coalesce(NEW.progress->'loss_history', '[]')) AS h
+            UNION ALL
+            SELECT v_step, v_loss
+             WHERE v_loss IS NOT NULL
+               AND NOT EXISTS (
+                 SELECT 1 FROM jsonb_array_elements(coalesce(NEW.progress->'loss_history', '[]')) h
+                  WHERE (h->>0)::numeric = v_step)) p
+     WHERE p.step > v_old AND p.step <= v_step AND p.loss IS NOT NULL
+     ORDER BY p.step;
   END IF;
   IF NEW.cancel_requested AND NOT OLD.cancel_requested AND NEW.status = 'running' THEN
     INSERT INTO train.fine_tuning_event (tenant_id, job_id, level, type, message)
