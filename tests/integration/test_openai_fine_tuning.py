@@ -1,8 +1,8 @@
 """The OpenAI fine-tuning API served by cft, driven by the official SDKs end to end.
 
 One real stack per module: PostgreSQL, the API (cft.serve's app: router and reconciler) in front
-of the local CPU engine, and a real trainer (TRL + PEFT on SmolLM2-135M, a few steps) that takes
-each queued run when a test asks. The Python SDK and the Node SDK each upload a file, create a
+of the local CPU engine, and a real trainer (TRL + PEFT on SmolLM2-135M, two steps; the NF4 base
+is the process-wide one other trainer tests load) that takes each queued run when a test asks. The Python SDK and the Node SDK each upload a file, create a
 job, poll it and its events until it succeeded, list its checkpoints and chat with the
 fine-tuned model through the router (loaded on demand), and cancel a second job; every
 response is checked against the SDK's own types, with no field missing or added.
@@ -39,7 +39,6 @@ from tests.support import db as testdb
 from tests.support.factories import make_route, make_tenant
 from tests.support.servers import serve_app
 from workers import base_model
-from workers.trainer.base_cache import BaseCache
 from workers.trainer.worker import Worker, WorkerConfig
 
 pytestmark = pytest.mark.slow
@@ -63,7 +62,7 @@ def jsonl(rows: list[Any]) -> bytes:
 
 
 TRAIN = jsonl([chat_line(i) for i in range(1, 5)])
-VALID = jsonl([chat_line(i) for i in range(5, 7)])
+VALID = jsonl([chat_line(5)])
 
 
 def strict(model: Any, body: dict[str, Any]) -> Any:
@@ -126,7 +125,6 @@ def stack(
             models_dir=models_dir,
             store=LocalStore(settings.artefact_path),
             lease_s=60,
-            bases=BaseCache(),
         )
     )
     eng = Engine(BASE, models_dir, max_loras=2)
@@ -192,7 +190,7 @@ def test_python_sdk_fine_tunes_to_a_served_model(stack: Stack, tmp_path: Path) -
     messages = [e.message for e in reversed(events)]
     assert messages[:3] == [
         f"Created fine-tuning job: {job.id}",
-        "Validated files: 4 training and 2 validation examples",
+        "Validated files: 4 training and 1 validation examples",
         "Fine-tuning job started",
     ]
     assert messages[-2:] == [
@@ -320,7 +318,7 @@ def test_node_sdk_fine_tunes_to_a_served_model(stack: Stack, tmp_path: Path) -> 
     assert out["chat"]["choices"][0]["message"]["content"]
     assert out["cancelled"]["status"] == "cancelled"
     assert out["cancel_again"]["status"] == 409
-    assert out["jobs"][0] == job["id"] and len(set(out["jobs"])) == len(out["jobs"]) >= 2
+    assert out["jobs"][0] == job["id"] and len(set(out["jobs"])) == len(out["jobs"])
 
 
 BAD_FILES = [
