@@ -434,6 +434,14 @@ def test_wrong_purpose_too_big_and_bad_jobs_are_clear_4xx_with_nothing_stored(
             over,
             err,
         )
+    # A route may not take a name the router reads as a fine-tuned model's.
+    r = httpx.post(
+        f"{stack.api}/v1/routes",
+        json={"name": "ft:mine"},
+        headers={"Authorization": f"Bearer {stack.keys['trainer']}"},
+        timeout=30,
+    )
+    assert r.status_code == 400 and r.json()["error"]["code"] == "invalid_route_name", r.text
     after = {t: stack.count(f"SELECT count(*) FROM {t}") for t in before}
     assert after == before | {"train.training_file": before["train.training_file"] + 3}
 
