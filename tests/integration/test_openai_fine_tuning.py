@@ -322,18 +322,31 @@ def test_node_sdk_fine_tunes_to_a_served_model(stack: Stack, tmp_path: Path) -> 
 
 
 BAD_FILES = [
-    (b'{"messages": []}\nnot json\n', "line 1"),
-    (jsonl([chat_line(1), "x"]), "line 2: must be a JSON object"),
-    (jsonl([chat_line(1)]) + b"{not json}\n", "line 2: not valid JSON"),
-    (jsonl([chat_line(1, tools=[{"type": "function"}])]), "line 1: tools"),
-    (jsonl([{"prompt": "a", "completion": "b"}]), "line 1: unknown key 'completion'"),
-    (jsonl([chat_line(1), {"messages": [{"role": "robot", "content": "x"}]}]), "line 2"),
-    (jsonl([{"messages": [{"role": "user", "content": "no answer"}]}]), "assistant message"),
-    (
+    pytest.param(b'{"messages": []}\nnot json\n', "line 1", id="empty-messages"),
+    pytest.param(jsonl([chat_line(1), "x"]), "line 2: must be a JSON object", id="not-an-object"),
+    pytest.param(jsonl([chat_line(1)]) + b"{not json}\n", "line 2: not valid JSON", id="bad-json"),
+    pytest.param(jsonl([chat_line(1, tools=[{"type": "function"}])]), "line 1: tools", id="tools"),
+    pytest.param(
+        jsonl([{"prompt": "a", "completion": "b"}]),
+        "line 1: unknown key 'completion'",
+        id="wrong-keys",
+    ),
+    pytest.param(
+        jsonl([chat_line(1), {"messages": [{"role": "robot", "content": "x"}]}]),
+        "line 2: messages[0].role must be one of system, user, assistant",
+        id="bad-role",
+    ),
+    pytest.param(
+        jsonl([{"messages": [{"role": "user", "content": "no answer"}]}]),
+        "needs an assistant message",
+        id="no-answer",
+    ),
+    pytest.param(
         jsonl([chat_line(1), {"input": {"messages": []}, "preferred_output": []}]),
         "line 2: is a preference example but line 1 is a chat example",
+        id="mixed-formats",
     ),
-    (b"\n \n", "is empty"),
+    pytest.param(b"\n \n", "is empty", id="empty-file"),
 ]
 
 
