@@ -17,11 +17,17 @@ class BodyLimitMiddleware:
     and 431 when the request headers together are over max_header_bytes."""
 
     def __init__(
-        self, app: ASGIApp, max_bytes: int, max_header_bytes: int = MAX_HEADER_BYTES
+        self,
+        app: ASGIApp,
+        max_bytes: int,
+        max_header_bytes: int = MAX_HEADER_BYTES,
+        paths: dict[str, int] | None = None,
     ) -> None:
         self.app = app
         self.max_bytes = max_bytes
         self.max_header_bytes = max_header_bytes
+        # Paths with a limit of their own (a file upload), exact match.
+        self.paths = paths or {}
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
@@ -39,6 +45,7 @@ class BodyLimitMiddleware:
         if scope["method"] in ("GET", "HEAD", "OPTIONS", "DELETE"):
             await self.app(scope, receive, send)
             return
+        limit = self.paths.get(scope["path"], self.max_bytes)
         for name, value in scope["headers"]:
             if name == b"content-length":
                 try:
@@ -46,8 +53,8 @@ class BodyLimitMiddleware:
                 except ValueError:
                     await self._reject(send, 400, "Content-Length is not a number")
                     return
-                if declared > self.max_bytes:
-                    await self._too_large(send)
+                if declared > limit:
+                    await self._too_large(send, limit)
                     return
         # Read the body here (chunked bodies have no Content-Length) and replay it.
         chunks: list[bytes] = []
@@ -59,8 +66,8 @@ class BodyLimitMiddleware:
                 return
             chunk = message.get("body", b"")
             size += len(chunk)
-            if size > self.max_bytes:
-                await self._too_large(send)
+            if size > limit:
+                await self._too_large(send, limit)
                 return
             chunks.append(chunk)
             more = message.get("more_body", False)
@@ -76,12 +83,16 @@ class BodyLimitMiddleware:
 
         await self.app(scope, replay, send)
 
-    async def _too_large(self, send: Send) -> None:
+    async def _too_large(self, send: Send, limit: int) -> None:
+        fix = (
+            "(CFT_MAX_BODY_BYTES): send smaller batches"
+            if limit == self.max_bytes
+            else "(CFT_FILE_MAX_BYTES): split the file"
+        )
         await self._reject(
             send,
             413,
-            f"request body is larger than {self.max_bytes} bytes (CFT_MAX_BODY_BYTES):"
-            " send smaller batches",
+            f"request body is larger than {limit} bytes {fix}",
             code="payload_too_large",
         )
 
