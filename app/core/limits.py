@@ -16,9 +16,10 @@ class BodyLimitMiddleware:
     """Answer 413 (OpenAI error shape) when a body is over max_bytes, declared or streamed,
     and 431 when the request headers together are over max_header_bytes.
 
-    `uploads` maps a path to its own (larger) limit, with the setting that raises it: such a
-    body is passed on as it arrives instead of read whole first (an upload may be hundreds of
-    MB), and when it goes over, the app sees the client leave and the caller gets the 413.
+    `uploads` maps a path (an upload: an adapter archive, a fine-tuning file) to its own limit,
+    with the setting that raises it: such a body is passed on as it arrives instead of read
+    whole first (an adapter may be hundreds of MB), and when it goes over, the app sees the
+    client leave and the caller gets the 413.
     """
 
     def __init__(

@@ -1,4 +1,5 @@
-"""Keep every engine's loaded adapters equal to serve.adapter's canary and prod adapters.
+"""Keep every engine's loaded adapters equal to serve.adapter's canary and prod adapters (and
+the candidates a router was called for by name: serve.adapter_demand).
 
 One pass, per engine: read its /v1/models; for each desired adapter it lacks (new, or lost in
 an engine restart), fetch the artefact into the serving directory, verify its sha256 against
@@ -175,12 +176,15 @@ class Reconciler:
         return {r["id"] for r in rows}
 
     def _desired(self, conn: Connection) -> dict[str, Desired]:
-        # The previous prod of each route stays loaded too, so a rollback is instant.
+        # The previous prod of each route stays loaded too, so a rollback is instant; so do
+        # the adapters a router was called for by name (fine-tuned models) while wanted.
         rows = conn.execute(
             "SELECT id, route, base_model, weights_uri, sha256 FROM serve.adapter"
             " WHERE (status IN ('canary', 'prod') OR (tainted_at IS NULL AND id IN ("
             "  SELECT previous_prod_id FROM serve.adapter"
-            "   WHERE status = 'prod' AND previous_prod_id IS NOT NULL)))"
+            "   WHERE status = 'prod' AND previous_prod_id IS NOT NULL))"
+            " OR (status = 'candidate' AND tainted_at IS NULL AND id IN ("
+            "  SELECT adapter_id FROM serve.adapter_demand WHERE wanted_until > now())))"
             " AND weights_uri IS NOT NULL AND sha256 IS NOT NULL"
             " ORDER BY status DESC, id"
         ).fetchall()
