@@ -53,6 +53,7 @@ def world(
             c, tenant_id=t["id"], route=route, method="sft", train=[RICH]
         )["id"]
         key = create_key(c, tenant_id=t["id"], role="reader")
+        trainer = create_key(c, tenant_id=t["id"], role="trainer")
         other_key = create_key(c, tenant_id=other["id"], role="reader")
     home = tmp_path_factory.mktemp("formats-home")
     with serve_app(create_app(Settings(home=home), db_url=url, engine_urls=[])) as api:
@@ -61,6 +62,7 @@ def world(
             "url": url,
             "snaps": snaps,
             "key": {"Authorization": f"Bearer {key}"},
+            "trainer": {"Authorization": f"Bearer {trainer}"},
             "other": {"Authorization": f"Bearer {other_key}"},
         }
     testdb.drop(pg_server, url)
@@ -127,6 +129,15 @@ def test_every_fitting_format_loads_in_its_trainers_shape(
         assert load_dataset("json", data_files=str(path), split="train").num_rows == 4
         if fmt.startswith("trl-"):  # TRL's formats are what cft stores
             assert rows == stored
+        if fmt.startswith("openai-"):  # a file cft's OpenAI fine-tuning API takes as it is
+            resp = httpx.post(
+                f"{world['api']}/v1/files",
+                headers=world["trainer"],
+                data={"purpose": "fine-tune"},
+                files={"file": (path.name, path.read_bytes())},
+                timeout=30,
+            )
+            assert resp.status_code == 200 and resp.json()["status"] == "processed", resp.text
     resp = _export(world, method, "parquet", split="eval")
     assert resp.status_code == 200 and resp.headers["content-type"] == formats.PARQUET_MEDIA_TYPE
     table = pq.read_table(io.BytesIO(resp.content))
