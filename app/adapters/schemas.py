@@ -68,6 +68,14 @@ class AdapterOut(BaseModel):
     eval_summary: dict[str, Any] | None = Field(
         None, description="Training metrics and the evaluator's summary (base and prod scores)."
     )
+    source: Literal["trained", "imported"] = Field(
+        "trained", description="trained: by cft's trainer; imported: trained elsewhere."
+    )
+    import_detail: dict[str, Any] | None = Field(
+        None,
+        description="An import's record: origin, imported_by, declared_base (what"
+        " adapter_config.json named), peft_version and the caller's metadata.",
+    )
 
 
 class AdapterDetail(AdapterOut):

@@ -16,7 +16,7 @@ from app.core.errors import BadRequest, Conflict, Forbidden, NotFound
 ADAPTER_COLUMNS = (
     "id, tenant_id, route, base_model, base_revision, method, status, traffic_pct, sha256,"
     " size_bytes, promoted_at, previous_prod_id, tainted_at, created_at, updated_at,"
-    " weights_uri, dataset_snapshot_id, training_run_id, eval_summary"
+    " weights_uri, dataset_snapshot_id, training_run_id, eval_summary, source, import_detail"
 )
 
 
@@ -120,7 +120,7 @@ def check_promotion(conn: Connection, *, adapter_id: str) -> dict[str, Any]:
     return {"adapter_id": adapter_id, "current": current, "allowed": not found, "blockers": found}
 
 
-def _annotate(conn: Connection, *, reason: str | None, actor: str | None) -> None:
+def annotate(conn: Connection, *, reason: str | None, actor: str | None) -> None:
     """Let the audit trigger record why, and which API key asked, for this transaction."""
     if reason:
         conn.execute("SELECT set_config('cft.reason', %s, true)", (reason,))
@@ -158,7 +158,7 @@ def start_canary(
             " adapter can become a canary",
             code="invalid_status",
         )
-    _annotate(conn, reason=reason, actor=actor)
+    annotate(conn, reason=reason, actor=actor)
     return _set_status(conn, adapter_id=adapter_id, status="canary", traffic_pct=traffic_pct)
 
 
@@ -169,7 +169,7 @@ def promote(
     row = get_adapter_or_raise(conn, adapter_id=adapter_id)
     if row["status"] == "prod":
         raise Conflict(f"adapter {adapter_id} is already prod", code="invalid_status")
-    _annotate(conn, reason=reason, actor=actor)
+    annotate(conn, reason=reason, actor=actor)
     return _set_status(conn, adapter_id=adapter_id, status="prod", traffic_pct=100)
 
 
@@ -183,7 +183,7 @@ def rollback(
             f"adapter {adapter_id} is {row['status']}, not prod: only a prod can be rolled back",
             code="invalid_status",
         )
-    _annotate(conn, reason=None, actor=actor)
+    annotate(conn, reason=None, actor=actor)
     try:
         with conn.transaction():
             got = conn.execute(
@@ -205,7 +205,7 @@ def register_candidate(
     base_model: str,
     base_revision: str | None,
     rank: int,
-    alpha: int,
+    alpha: int | None,
     target_modules: list[str],
     method: str,
     training_run_id: Any,
@@ -214,14 +214,19 @@ def register_candidate(
     sha256: str,
     size_bytes: int,
     eval_summary: dict[str, Any],
+    source: str = "trained",
+    import_detail: dict[str, Any] | None = None,
 ) -> None:
-    """Register a trained adapter as a candidate of its route (NotFound: no such route)."""
+    """Register an adapter as a candidate of its route (NotFound: no such route): one cft
+    trained (source 'trained') or one trained elsewhere (source 'imported', app/adapters/
+    imports.py)."""
     try:
         conn.execute(
             "INSERT INTO serve.adapter (id, tenant_id, route, base_model, base_revision,"
             " rank, alpha, target_modules, method, training_run_id, dataset_snapshot_id,"
-            " weights_uri, sha256, size_bytes, eval_summary, status)"
-            " VALUES (%s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, 'candidate')",
+            " weights_uri, sha256, size_bytes, eval_summary, source, import_detail, status)"
+            " VALUES (%s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s,"
+            " 'candidate')",
             (
                 adapter_id,
                 tenant_id,
@@ -238,6 +243,8 @@ def register_candidate(
                 sha256,
                 size_bytes,
                 Jsonb(eval_summary),
+                source,
+                Jsonb(import_detail) if import_detail is not None else None,
             ),
         )
     except pg_errors.ForeignKeyViolation as exc:

@@ -1,8 +1,9 @@
 """Adapter artefact store: a local directory or S3, immutable per (route, version).
 
-An artefact is a directory (adapter_model.safetensors, adapter_config.json, manifest.json).
-Its registry sha256 is the sha256 of adapter_model.safetensors (the weights the engine loads);
-the manifest holds the sha256 of every file, and size_bytes is the sum of all file sizes.
+An artefact is a directory (adapter_model.safetensors, adapter_config.json, manifest.json),
+written by the trainer or by an adapter import alike. Its registry sha256 is the sha256 of
+adapter_model.safetensors (the weights the engine loads); the manifest (`write_manifest`) holds
+the sha256 of every file, and size_bytes is the sum of all file sizes.
 Layout: local `<root>/<route>/<version>/`, S3 `s3://<bucket>/<route>/<version>/`.
 A version that exists is never overwritten: put_dir raises ArtefactExists. `versions()` lists
 what a store holds and `delete()` removes one version: the maintenance worker uses them to
@@ -13,6 +14,7 @@ from __future__ import annotations
 
 import errno
 import hashlib
+import json
 import os
 import re
 import shutil
@@ -26,6 +28,10 @@ from typing import Any, Protocol
 from app.core.config import Settings, get_settings
 
 WEIGHTS_FILE = "adapter_model.safetensors"
+CONFIG_FILE = "adapter_config.json"
+ADAPTER_FILES = (WEIGHTS_FILE, CONFIG_FILE)
+MANIFEST_FILE = "manifest.json"
+MANIFEST_FORMAT = "cft-adapter/1"
 _NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.:-]{0,127}$")
 
 
@@ -71,6 +77,26 @@ def sha256_file(path: Path) -> str:
         for chunk in iter(lambda: f.read(1 << 20), b""):
             h.update(chunk)
     return h.hexdigest()
+
+
+def write_manifest(local_dir: Path, fields: dict[str, Any]) -> dict[str, Any]:
+    """Write local_dir/manifest.json: `fields` (base, method, provenance, ...), the format and the
+    sha256 and size of each adapter file; returns the manifest."""
+    for name in ADAPTER_FILES:
+        if not (local_dir / name).is_file():
+            raise ArtefactError(f"{name} is missing from {local_dir}")
+    manifest = fields | {
+        "format": MANIFEST_FORMAT,
+        "files": {
+            name: {
+                "sha256": sha256_file(local_dir / name),
+                "size_bytes": (local_dir / name).stat().st_size,
+            }
+            for name in ADAPTER_FILES
+        },
+    }
+    (local_dir / MANIFEST_FILE).write_text(json.dumps(manifest, indent=2, sort_keys=True) + "\n")
+    return manifest
 
 
 def describe(local_dir: Path) -> tuple[str, int]:
@@ -276,7 +302,7 @@ class S3Store:
             raise ArtefactExists(f"artefact s3://{self.bucket}/{prefix} already exists")
         # The manifest goes last: its presence marks a complete upload.
         files = sorted(
-            (p for p in local_dir.iterdir() if p.is_file()), key=lambda p: p.name == "manifest.json"
+            (p for p in local_dir.iterdir() if p.is_file()), key=lambda p: p.name == MANIFEST_FILE
         )
         try:
             for path in files:

@@ -53,6 +53,12 @@ class Settings(BaseSettings):
     partitions_ahead_weeks: int = Field(4, description="Weekly partitions created ahead of now.")
     max_batch_records: int = Field(1000, description="Most records in one POST /v1/logs.")
     max_body_bytes: int = Field(8 * 1024 * 1024, description="Largest accepted request body.")
+    file_max_bytes: int = Field(
+        16 * 1024 * 1024,
+        ge=1,
+        description="Largest fine-tuning file POST /v1/files accepts (kept in PostgreSQL); that"
+        " upload's body may be this large, whatever CFT_MAX_BODY_BYTES says.",
+    )
     dashboard_session_hours: float = Field(
         12.0, gt=0, description="Hours a dashboard login lasts (then log in again)."
     )
@@ -88,8 +94,14 @@ class Settings(BaseSettings):
     )
     engine_max_lora_rank: int = Field(
         16,
-        description="The engines' --max-lora-rank: the trainer refuses to register an adapter"
-        " an engine would not load (app/engines/compat.py).",
+        description="The engines' --max-lora-rank: the trainer and an adapter import refuse to"
+        " register an adapter an engine would not load (app/engines/compat.py).",
+    )
+    adapter_import_max_bytes: int = Field(
+        512 * 1024 * 1024,
+        gt=0,
+        description="Largest adapter import (POST /v1/adapters, `cft adapter import`): the"
+        " upload, and the files it unpacks to, in bytes.",
     )
     engine_adapter_slots: int = Field(
         0,
@@ -120,6 +132,12 @@ class Settings(BaseSettings):
         description="Seconds a call for an adapter no engine has loaded yet waits for the load"
         " (the reconciler is woken) before a 503 `adapter_not_loaded` with Retry-After; 0 = no"
         " wait. Falling back to prod or the base instead is the route's `fallback` policy.",
+    )
+    router_demand_ttl: float = Field(
+        900.0,
+        gt=0,
+        description="Seconds a fine-tuned model (ft:...) stays loaded after its last call: the"
+        " router asks the reconciler to load it when called, as OpenAI loads one on demand.",
     )
     router_affinity_slack: int = Field(
         8,

@@ -14,14 +14,25 @@ MAX_HEADER_BYTES = 32 * 1024
 
 class BodyLimitMiddleware:
     """Answer 413 (OpenAI error shape) when a body is over max_bytes, declared or streamed,
-    and 431 when the request headers together are over max_header_bytes."""
+    and 431 when the request headers together are over max_header_bytes.
+
+    `uploads` maps a path (an upload: an adapter archive, a fine-tuning file) to its own limit,
+    with the setting that raises it: such a body is passed on as it arrives instead of read
+    whole first (an adapter may be hundreds of MB), and when it goes over, the app sees the
+    client leave and the caller gets the 413.
+    """
 
     def __init__(
-        self, app: ASGIApp, max_bytes: int, max_header_bytes: int = MAX_HEADER_BYTES
+        self,
+        app: ASGIApp,
+        max_bytes: int,
+        max_header_bytes: int = MAX_HEADER_BYTES,
+        uploads: dict[str, tuple[int, str]] | None = None,
     ) -> None:
         self.app = app
         self.max_bytes = max_bytes
         self.max_header_bytes = max_header_bytes
+        self.uploads = uploads or {}
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
@@ -38,6 +49,10 @@ class BodyLimitMiddleware:
             return
         if scope["method"] in ("GET", "HEAD", "OPTIONS", "DELETE"):
             await self.app(scope, receive, send)
+            return
+        upload = self.uploads.get(scope["path"])
+        if upload is not None:
+            await self._stream(scope, receive, send, *upload)
             return
         for name, value in scope["headers"]:
             if name == b"content-length":
@@ -75,6 +90,53 @@ class BodyLimitMiddleware:
             return await receive()
 
         await self.app(scope, replay, send)
+
+    async def _stream(
+        self, scope: Scope, receive: Receive, send: Send, limit: int, setting: str
+    ) -> None:
+        """Pass an upload's body on as it arrives, counted; over `limit`, answer 413 instead."""
+        message = f"the upload is larger than {limit} bytes ({setting})"
+        for name, value in scope["headers"]:
+            if name == b"content-length":
+                if not value.isdigit():
+                    await self._reject(send, 400, "Content-Length is not a number")
+                    return
+                if int(value) > limit:
+                    await self._reject(send, 413, message, code="payload_too_large")
+                    return
+        size = 0
+        over = False
+        started = False
+
+        async def counted() -> Message:
+            nonlocal size, over
+            if over:
+                return {"type": "http.disconnect"}
+            msg = await receive()
+            if msg["type"] == "http.request":
+                size += len(msg.get("body", b""))
+                if size > limit:
+                    over = True
+                    return {"type": "http.disconnect"}
+            return msg
+
+        async def guarded(msg: Message) -> None:
+            nonlocal started
+            if over:  # what the app answers to the disconnect is replaced by the 413
+                if not started:
+                    started = True
+                    await self._reject(send, 413, message, code="payload_too_large")
+                return
+            started = True
+            await send(msg)
+
+        try:
+            await self.app(scope, counted, guarded)
+        except Exception:
+            if not over:
+                raise
+        if over and not started:
+            await self._reject(send, 413, message, code="payload_too_large")
 
     async def _too_large(self, send: Send) -> None:
         await self._reject(

@@ -6,9 +6,10 @@ from collections.abc import Iterator
 from typing import Literal
 
 from fastapi import APIRouter, Query
-from fastapi.responses import StreamingResponse
+from fastapi.responses import Response, StreamingResponse
 
 from app.core.auth import ReaderKey, TenantConn, TrainerKey
+from app.datasets import formats
 from app.datasets import service as datasets
 from app.datasets.schemas import SnapshotCreate, SnapshotOut
 
@@ -41,18 +42,43 @@ def read_snapshot(snapshot_id: str, conn: TenantConn, key: ReaderKey) -> Snapsho
     return SnapshotOut.model_validate(snap)
 
 
-@router.get("/snapshots/{snapshot_id}/export")
+@router.get(
+    "/snapshots/{snapshot_id}/export",
+    response_class=Response,
+    responses={
+        200: {
+            "description": "The split: JSONL, or a Parquet file for format=parquet.",
+            "content": {formats.JSONL_MEDIA_TYPE: {}, formats.PARQUET_MEDIA_TYPE: {}},
+        }
+    },
+)
 def export_snapshot(
     snapshot_id: str,
     conn: TenantConn,
     key: ReaderKey,
     split: Literal["train", "eval"] = Query("train"),
-) -> StreamingResponse:
-    """One split as JSONL in TRL's conversational format."""
-    datasets.get_snapshot_or_raise(conn, snapshot_id=snapshot_id, tenant_id=key.tenant_id)
+    format: formats.Format = Query(
+        "cft",
+        description="cft (the stored TRL conversational examples), trl-conversational (sft),"
+        " trl-preference (dpo, orpo, simpo), trl-unpaired-preference (kto), openai-chat (sft),"
+        " openai-preference (dpo, orpo, simpo) or parquet (a Parquet file of the split); a"
+        " format that does not fit the snapshot's method is a 400 naming those that do.",
+    ),
+) -> Response:
+    """One split in a format other trainers read (JSONL, or Parquet)."""
+    name = f"{snapshot_id}-{split}"
+    if format == "parquet":
+        data = datasets.export_parquet(
+            conn, snapshot_id=snapshot_id, split=split, tenant_id=key.tenant_id
+        )
+        return Response(
+            data,
+            media_type=formats.PARQUET_MEDIA_TYPE,
+            headers={"Content-Disposition": f'attachment; filename="{name}.parquet"'},
+        )
     # Read inside the request's transaction; the response streams the finished lines.
-    lines = list(
-        datasets.jsonl_lines(datasets.iter_examples(conn, snapshot_id=snapshot_id, split=split))
+    lines = datasets.export_lines(
+        conn, snapshot_id=snapshot_id, split=split, fmt=format, tenant_id=key.tenant_id
     )
 
     def body() -> Iterator[str]:
@@ -60,6 +86,6 @@ def export_snapshot(
 
     return StreamingResponse(
         body(),
-        media_type="application/x-ndjson",
-        headers={"Content-Disposition": f'attachment; filename="{snapshot_id}-{split}.jsonl"'},
+        media_type=formats.JSONL_MEDIA_TYPE,
+        headers={"Content-Disposition": f'attachment; filename="{name}.jsonl"'},
     )

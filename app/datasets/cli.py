@@ -11,6 +11,7 @@ from typing import Any
 
 from app.core.db import connect, database_url
 from app.core.errors import CftError
+from app.datasets import formats
 from app.datasets import service as datasets
 from app.datasets.methods import METHODS
 
@@ -32,10 +33,29 @@ def register(subparsers: Any) -> None:
     s.add_argument("--no-refresh", action="store_true", help="use the views as last refreshed")
     s.set_defaults(func=_snapshot)
 
-    e = sub.add_parser("export", help="write one split of a snapshot as JSONL")
+    e = sub.add_parser(
+        "export",
+        help="write a snapshot in a format a trainer reads (JSONL, or a Parquet folder)",
+        description="Write one split as JSONL in --format, or (--format parquet) a folder of one"
+        " Parquet file per split that datasets.load_dataset(FOLDER) reads.",
+    )
     e.add_argument("snapshot_id")
-    e.add_argument("--split", choices=datasets.SPLITS, default="train")
-    e.add_argument("-o", "--output", help="file to write; default stdout")
+    e.add_argument(
+        "--format",
+        choices=formats.FORMATS,
+        default="cft",
+        help="cft (stored TRL conversational examples), trl-conversational (sft), trl-preference"
+        " (dpo, orpo, simpo), trl-unpaired-preference (kto), openai-chat (sft),"
+        " openai-preference (dpo, orpo, simpo), parquet (every method)",
+    )
+    e.add_argument(
+        "--split",
+        choices=datasets.SPLITS,
+        help="the split to write; default train (JSONL), every split (parquet)",
+    )
+    e.add_argument(
+        "-o", "--output", help="file to write (a folder for parquet); default stdout (JSONL)"
+    )
     e.set_defaults(func=_export)
 
     v = sub.add_parser("verify", help="recompute a snapshot's set hash and split")
@@ -97,10 +117,29 @@ def _snapshot(args: argparse.Namespace) -> int:
 
 
 def _export(args: argparse.Namespace) -> int:
+    if args.format == "parquet" and not args.output:
+        print("error: --format parquet writes a folder: give it with -o", file=sys.stderr)
+        return 2
     try:
         with connect(database_url()) as conn:
+            if args.format == "parquet":
+                counts = datasets.write_parquet(
+                    conn,
+                    snapshot_id=args.snapshot_id,
+                    splits=[args.split] if args.split else datasets.SPLITS,
+                    folder=Path(args.output),
+                )
+                written = ", ".join(f"{n} {split}" for split, n in counts.items()) or "nothing"
+                print(f"wrote {written} examples to {args.output}", file=sys.stderr)
+                return 0
             out = Path(args.output) if args.output else sys.stdout
-            n = datasets.write_jsonl(conn, snapshot_id=args.snapshot_id, split=args.split, out=out)
+            n = datasets.write_jsonl(
+                conn,
+                snapshot_id=args.snapshot_id,
+                split=args.split or "train",
+                out=out,
+                fmt=args.format,
+            )
     except CftError as exc:
         print(f"error: {exc.message}", file=sys.stderr)
         return 2

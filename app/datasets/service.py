@@ -1,15 +1,15 @@
-"""Snapshot rules: freeze candidates into train.dataset_snapshot and export them for TRL.
+"""Snapshot rules: freeze candidates into train.dataset_snapshot and export them.
 
 The work happens in SQL (sql/train/create_snapshot.sql); this module calls it in the
 caller's transaction (a savepoint, retried when a concurrent refresh moved the candidates)
 and reads the frozen rows back. Example formats (TRL conversational):
 sft `{"messages"}`, dpo/orpo/simpo `{"prompt", "chosen", "rejected"}`, kto
-`{"prompt", "completion", "label"}`.
+`{"prompt", "completion", "label"}`; exports also write the formats other trainers read
+(formats.py).
 """
 
 from __future__ import annotations
 
-import json
 from collections.abc import Iterator, Sequence
 from datetime import datetime
 from pathlib import Path
@@ -19,6 +19,7 @@ import psycopg
 
 from app.core.db import Connection
 from app.core.errors import BadRequest, Conflict, Forbidden, NotFound
+from app.datasets import formats
 from app.datasets.methods import METHODS
 
 SPLITS = ("train", "eval")
@@ -158,27 +159,53 @@ def export_snapshot(conn: Connection, *, snapshot_id: str, split: str) -> list[d
     return list(iter_examples(conn, snapshot_id=str(snapshot_id), split=split))
 
 
-def jsonl_lines(examples: Iterator[dict[str, Any]] | list[dict[str, Any]]) -> Iterator[str]:
-    """One JSON document per line, keys sorted, non-ASCII kept."""
-    for example in examples:
-        yield json.dumps(example, ensure_ascii=False, sort_keys=True) + "\n"
+def export_lines(
+    conn: Connection,
+    *,
+    snapshot_id: str,
+    split: str,
+    fmt: str = "cft",
+    tenant_id: int | None = None,
+) -> list[str]:
+    """One split as JSONL lines in fmt (BadRequest when fmt does not fit the snapshot)."""
+    snap = get_snapshot_or_raise(conn, snapshot_id=str(snapshot_id), tenant_id=tenant_id)
+    formats.check(fmt, snap["method"])
+    if fmt == "parquet":
+        raise BadRequest("parquet is not a JSONL format", code="format_mismatch", param="format")
+    examples = iter_examples(conn, snapshot_id=str(snapshot_id), split=split)
+    return list(formats.jsonl_lines(fmt, examples))
 
 
-def write_jsonl(conn: Connection, *, snapshot_id: str, split: str, out: Path | IO[str]) -> int:
-    """Write one split as JSONL (a path or an open text file); returns the number of lines."""
-    get_snapshot_or_raise(conn, snapshot_id=str(snapshot_id))
-    lines = jsonl_lines(iter_examples(conn, snapshot_id=str(snapshot_id), split=split))
-    n = 0
+def export_parquet(
+    conn: Connection, *, snapshot_id: str, split: str, tenant_id: int | None = None
+) -> bytes:
+    """One split as a Parquet file."""
+    get_snapshot_or_raise(conn, snapshot_id=str(snapshot_id), tenant_id=tenant_id)
+    return formats.parquet_bytes(iter_examples(conn, snapshot_id=str(snapshot_id), split=split))
+
+
+def write_jsonl(
+    conn: Connection, *, snapshot_id: str, split: str, out: Path | IO[str], fmt: str = "cft"
+) -> int:
+    """Write one split as JSONL in fmt (a path or an open text file); returns the number of
+    lines."""
+    lines = export_lines(conn, snapshot_id=str(snapshot_id), split=split, fmt=fmt)
     if isinstance(out, Path):
         with out.open("w", encoding="utf-8") as fh:
-            for line in lines:
-                fh.write(line)
-                n += 1
+            fh.writelines(lines)
     else:
-        for line in lines:
-            out.write(line)
-            n += 1
-    return n
+        out.writelines(lines)
+    return len(lines)
+
+
+def write_parquet(
+    conn: Connection, *, snapshot_id: str, splits: Sequence[str], folder: Path
+) -> dict[str, int]:
+    """Write the splits as a folder `datasets.load_dataset(folder)` reads (formats.py); returns
+    the examples written per split (a split without examples is left out)."""
+    get_snapshot_or_raise(conn, snapshot_id=str(snapshot_id))
+    rows = {s: list(iter_examples(conn, snapshot_id=str(snapshot_id), split=s)) for s in splits}
+    return formats.write_parquet_folder(folder, rows)
 
 
 def _first_line(exc: BaseException) -> str:

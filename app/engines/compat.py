@@ -24,11 +24,17 @@ Written from vLLM's own loading code (vllm-project/vllm; docs/engines.md cites e
 cft's contract is a little stricter than the loader, so that every engine kind can serve the
 artefact: linear-layer LoRA only (no embedding or lm_head adapters, no new tokens), both
 halves of every module present with consistent shapes, floating-point weights.
+
+Given the base model's config.json (`base_config`), the check also does what vLLM does when it
+builds the LoRA layers on that model (vllm/lora/layers: each layer's lora_a / lora_b must fit its
+input and output size): every tensor's shape fits its module of the base, every layer index
+exists in the base, and every module the config targets has its weights in every layer.
 """
 
 from __future__ import annotations
 
 import json
+import re
 import struct
 from collections.abc import Iterable
 from dataclasses import dataclass, field
@@ -53,6 +59,9 @@ _PREFIX = "base_model.model."
 _BASE_EMBEDDINGS = (".embed_tokens.base_layer.weight", ".lm_head.base_layer.weight")
 # The largest safetensors header read (the format's own bound is 100 MB; adapters have KBs).
 MAX_HEADER_BYTES = 100_000_000
+_LAYER = re.compile(r"(?:^|\.)layers\.(\d+)\.")
+# Problems listed one by one up to this many, then counted (a wrong base misfits every tensor).
+MAX_LISTED = 5
 
 
 class NotLoadable(ValueError):
@@ -125,10 +134,9 @@ def _config_problems(cfg: dict[str, Any], max_lora_rank: int, report: Report) ->
             out.append(f"LoRA rank `r` must be a positive integer, got {r!r}")
         else:
             report.rank = r
-            ranks = [
-                r,
-                *(v for v in (cfg.get("rank_pattern") or {}).values() if isinstance(v, int)),
-            ]
+            pattern = cfg.get("rank_pattern")
+            per_module = pattern.values() if isinstance(pattern, dict) else ()
+            ranks = [r, *(v for v in per_module if isinstance(v, int))]
             if max(ranks) > max_lora_rank:
                 out.append(
                     f"LoRA rank {max(ranks)} is greater than max_lora_rank {max_lora_rank}"
@@ -229,8 +237,10 @@ def check(
     *,
     max_lora_rank: int = DEFAULT_MAX_LORA_RANK,
     supported_modules: Iterable[str] = LLAMA_LORA_MODULES,
+    base_config: dict[str, Any] | None = None,
 ) -> Report:
-    """Check an adapter directory against the engines' contract (see the module doc)."""
+    """Check an adapter directory against the engines' contract (see the module doc); with
+    base_config (the base model's config.json), also against the base's shapes."""
     report = Report()
     if max_lora_rank not in MAX_LORA_RANKS:
         report.problems.append(
@@ -245,7 +255,7 @@ def check(
     except FileNotFoundError:
         report.problems.append(f"{CONFIG_FILE} is missing")
         cfg = None
-    except (OSError, ValueError) as exc:
+    except (OSError, ValueError, RecursionError) as exc:
         report.problems.append(f"{CONFIG_FILE} is not valid JSON: {exc}")
         cfg = None
     if cfg is not None:
@@ -256,7 +266,7 @@ def check(
         return report
     try:
         header = read_safetensors_header(weights)
-    except (OSError, ValueError) as exc:
+    except (OSError, ValueError, RecursionError) as exc:
         report.problems.append(f"{WEIGHTS_FILE}: {exc}")
         return report
     report.problems += _tensor_problems(header, frozenset(supported_modules), report)
@@ -269,7 +279,94 @@ def check(
                 report.problems.append(
                     f"{name}: rank {shape[0]} differs from r={report.rank} in {CONFIG_FILE}"
                 )
+    if base_config is not None and cfg is not None:
+        report.problems += base_problems(header, cfg, base_config)
     return report
+
+
+def _module_sizes(base: dict[str, Any]) -> dict[str, tuple[int, int]] | None:
+    """(input, output) size of each LoRA-able linear layer of a Llama-family base, or None when
+    the config does not describe one."""
+    hidden, heads = base.get("hidden_size"), base.get("num_attention_heads")
+    inter = base.get("intermediate_size")
+    if not all(isinstance(v, int) and v > 0 for v in (hidden, heads, inter)):
+        return None
+    assert isinstance(hidden, int) and isinstance(heads, int) and isinstance(inter, int)
+    kv = base.get("num_key_value_heads") or heads
+    head_dim = base.get("head_dim") or hidden // heads
+    if not isinstance(kv, int) or not isinstance(head_dim, int):
+        return None
+    return {
+        "q_proj": (hidden, heads * head_dim),
+        "k_proj": (hidden, kv * head_dim),
+        "v_proj": (hidden, kv * head_dim),
+        "o_proj": (heads * head_dim, hidden),
+        "gate_proj": (hidden, inter),
+        "up_proj": (hidden, inter),
+        "down_proj": (inter, hidden),
+    }
+
+
+def _listed(problems: list[str], what: str) -> list[str]:
+    if len(problems) <= MAX_LISTED:
+        return problems
+    return [*problems[:MAX_LISTED], f"... and {len(problems) - MAX_LISTED} more {what}"]
+
+
+def base_problems(header: dict[str, Any], cfg: dict[str, Any], base: dict[str, Any]) -> list[str]:
+    """Where an adapter's tensors do not fit the base model its config.json describes: shapes,
+    layer indexes, and target modules without weights in some layer."""
+    sizes = _module_sizes(base)
+    n_layers = base.get("num_hidden_layers")
+    if sizes is None or not isinstance(n_layers, int):
+        return []
+    misfit: list[str] = []
+    found: set[tuple[int, str]] = set()
+    for name, meta in sorted(header.items()):
+        try:
+            module, half = parse_lora_name(name)
+        except ValueError:
+            continue  # reported by the contract check
+        leaf = module.rsplit(".", 1)[-1]
+        shape = meta.get("shape") if isinstance(meta, dict) else None
+        if leaf not in sizes or not isinstance(shape, list) or len(shape) != 2:
+            continue
+        layer = _LAYER.search(module)
+        if layer is not None:
+            index = int(layer.group(1))
+            if index >= n_layers:
+                misfit.append(f"{name}: layer {index}, but the base has {n_layers} layers")
+                continue
+            found.add((index, leaf))
+        size_in, size_out = sizes[leaf]
+        want = [shape[0], size_in] if half == "A" else [size_out, shape[1]]
+        if shape != want:
+            misfit.append(f"{name} is {shape}, the base needs {want}")
+    out = _listed(misfit, "tensors that do not fit")
+    if misfit:
+        out.insert(
+            0,
+            f"the weights do not fit the base model (hidden size {base.get('hidden_size')},"
+            f" {n_layers} layers): was the adapter trained on another base?",
+        )
+    targets = cfg.get("target_modules")
+    if misfit or not isinstance(targets, list) or cfg.get("exclude_modules"):
+        return out
+    chosen = cfg.get("layers_to_transform")
+    layers = [chosen] if isinstance(chosen, int) else chosen or range(n_layers)
+    missing = [
+        f"layer {i} {leaf}"
+        for i in layers
+        if isinstance(i, int)
+        for leaf in sorted(set(targets) & sizes.keys())
+        if (i, leaf) not in found
+    ]
+    if missing:
+        out.append(
+            f"{WEIGHTS_FILE} lacks the weights of target modules {CONFIG_FILE} names: "
+            + ", ".join(_listed(missing, "modules"))
+        )
+    return out
 
 
 def check_or_raise(adapter_dir: Path, **kwargs: Any) -> Report:

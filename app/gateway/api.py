@@ -34,7 +34,8 @@ FAST_PATH = (chat_completions, completions)
 
 @router.get("/v1/models")
 def list_models(key: IngestKey, conn: TenantConn) -> dict[str, Any]:
-    """The caller tenant's routes, as OpenAI models (call them by this id)."""
+    """The caller tenant's routes, then its fine-tuned models, as OpenAI models (call them by
+    this id)."""
     rows = conn.execute(
         "SELECT name, base_model, created_at FROM serve.route WHERE tenant_id = %s ORDER BY name",
         (key.tenant_id,),
@@ -49,5 +50,26 @@ def list_models(key: IngestKey, conn: TenantConn) -> dict[str, Any]:
             "parent": None,
         }
         for r in rows
+    ]
+    tuned = conn.execute(
+        "SELECT j.fine_tuned_model, j.route, r.finished_at, a.base_model, t.name AS tenant"
+        " FROM train.fine_tuning_job j"
+        " JOIN train.training_run r ON r.id = j.training_run_id AND r.status = 'succeeded'"
+        " JOIN serve.adapter a ON a.id = r.adapter_id"
+        " JOIN tenant t ON t.id = j.tenant_id"
+        " WHERE j.tenant_id = %s AND a.status IN ('candidate', 'canary', 'prod')"
+        " AND a.tainted_at IS NULL ORDER BY r.finished_at, j.id",
+        (key.tenant_id,),
+    ).fetchall()
+    data += [
+        {
+            "id": r["fine_tuned_model"],
+            "object": "model",
+            "created": int(r["finished_at"].timestamp()),
+            "owned_by": r["tenant"],
+            "root": r["base_model"],
+            "parent": r["route"],
+        }
+        for r in tuned
     ]
     return {"object": "list", "data": data}

@@ -1,7 +1,8 @@
 """One OpenAI call through the gateway: route -> adapter (sticky canary) -> engine -> log.
 
 Clients call `POST /v1/chat/completions` or `/v1/completions` with `model` = a route name
-(or the `X-Cft-Route` header) and `user` = their user id (or `X-Cft-User`). The router picks the
+(or the `X-Cft-Route` header), or a fine-tuned model's name (`app/gateway/finetuned.py`), and
+`user` = their user id (or `X-Cft-User`). The router picks the
 adapter with the same rule as `serve.assign_adapter`, rewrites `model` to that adapter's engine
 name, proxies the call (streaming or not), answers with `X-Request-Id`, and queues the log
 record for the batched writer, off the client's latency path.
@@ -18,8 +19,10 @@ import psycopg
 from fastapi import Request, Response
 
 from app.core.auth import ApiKey
+from app.core.deps import get_pool
 from app.core.errors import BadRequest, DatabaseUnavailable, NotFound, Unavailable
 from app.core.metrics import FIRST_TOKEN_COLD, ROUTER_REQUESTS, ROUTING_DECISIONS, child
+from app.gateway import finetuned
 from app.gateway import request as call
 from app.gateway.assign import Assignment, RouteState
 from app.gateway.logsink import TENANT_KEY
@@ -39,9 +42,12 @@ async def proxy(request: Request, key: ApiKey, kind: str) -> Response:
     body = call.parse_body(await request.body())
     call.check_fields(body, kind)
     route_name = call.route_name(request, body)
-    state = await _route_state(runtime, route_name, key)
     user = call.user(request, body)
-    assignment = state.assign(runtime.user_key(user) if user else "")
+    if finetuned.is_finetuned(route_name):
+        state, assignment = await runtime.finetuned.resolve(get_pool(request), key, route_name)
+    else:
+        state = await _route_state(runtime, route_name, key)
+        assignment = state.assign(runtime.user_key(user) if user else "")
     messages = _messages(body, kind)
     try:
         check_call(messages, user)
@@ -52,7 +58,7 @@ async def proxy(request: Request, key: ApiKey, kind: str) -> Response:
     record: dict[str, Any] = {
         TENANT_KEY: key.tenant_id,
         "request_id": request_id,
-        "route": route_name,
+        "route": state.name,
         "model": state.base_model,
         "messages": messages,
         "user": user,

@@ -21,6 +21,7 @@ from app.core.db import Pool
 from app.core.metrics import LOG_QUEUE_DEPTH, ROUTER_LOG_DROPPED
 from app.core.pseudonym import user_hash, user_secret
 from app.engines.state import EngineState
+from app.gateway.finetuned import FineTunedModels
 from app.gateway.logprocess import WRITER_PERMANENT_ERRORS, ProcessSink
 from app.gateway.logsink import LogSink
 from app.gateway.logwriter import LogWriter
@@ -74,6 +75,10 @@ class RouterRuntime:
     bases: frozenset[str] = frozenset()
     # Seconds a call for an adapter no engine has yet waits for its load (CFT_ROUTER_LOAD_WAIT).
     load_wait: float = 10.0
+    # Fine-tuned models called by name (ft:...), loaded on demand.
+    finetuned: FineTunedModels = field(
+        default_factory=lambda: FineTunedModels(ttl=5.0, demand_ttl=900.0)
+    )
     switch_interval: float | None = None  # the interpreter's value before start(), restored
     sink: LogSink | ProcessSink | None = None  # the log writer's sink (closed at stop)
     # key hash -> (fresh until, key); hashes being re-checked; when a failed re-check may be
@@ -188,6 +193,9 @@ def start(
         key_ttl=settings.router_key_cache_ttl,
         bases=settings.served_base_models,
         load_wait=settings.router_load_wait,
+        finetuned=FineTunedModels(
+            ttl=settings.route_cache_ttl, demand_ttl=settings.router_demand_ttl
+        ),
         switch_interval=sys.getswitchinterval(),
         sink=sink,
     )

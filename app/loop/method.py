@@ -20,9 +20,9 @@ The rule (unless the policy pins a method; docs/loop.md says why each case maps 
     could use, and a preference or KTO loss on a few dozen examples moves it far less.
 A forget cycle retrains the tainted prod's method (like for like, without the forgotten rows).
 
-Settings are chosen for LoRA and the run's length (`hyperparameters`), then checked: the cycle
-keeps a candidate only when it beats what the route serves now on held-out data, and otherwise
-trains the next setting of SETTINGS_LADDER before giving up (app/loop/steps.py).
+Settings are chosen for LoRA and the run's length (`hyperparameters`), then checked: a short
+sweep over SETTINGS_LADDER, each run scored on held-out data against what the route serves now,
+the best with a gain kept (app/loop/steps.py `_sweep`).
 """
 
 from __future__ import annotations
@@ -43,8 +43,9 @@ SHORT_LR: dict[str, float] = {"sft": 2e-3, "orpo": 1e-3, "dpo": 5e-4, "simpo": 5
 BATCH = 8  # sequences per optimiser step for a small set
 EPOCHS_SMALL = 3
 MIN_STEPS, MAX_STEPS_SMALL = 8, 60
-# What a cycle tries when a setting's candidate shows no held-out gain: each entry scales the
-# learning rate and the number of steps of the rule's setting.
+# The settings sweep of a cycle (app/loop/steps.py `_sweep`): each entry scales the learning rate
+# and the number of steps of the rule's setting; the next is tried while no setting gained or the
+# best still passes a suite under offline.SWEEP_UNTIL_PASS_RATE.
 SETTINGS_LADDER: tuple[tuple[float, float], ...] = ((1.0, 1.0), (2.5, 1.5))
 
 

@@ -20,6 +20,9 @@ from app.core.db import Connection
 
 # Behavioural metrics and how to bring each to [0, 1].
 BEHAVIOUR: dict[str, float] = {"pass_rate": 1.0, "answer_similarity": 1.0, "judge_score": 0.1}
+# The settings sweep goes on to the next setting while a suite's pass rate, the one held-out
+# number with an absolute meaning, is below this for the best candidate so far.
+SWEEP_UNTIL_PASS_RATE = 0.9
 
 
 @dataclass(frozen=True)
@@ -139,3 +142,21 @@ def offline_gain(
             numbers,
         )
     return OfflineGain(True, f"beats {against} on held-out behaviour: {shown}", numbers)
+
+
+def mean_gain(numbers: dict[str, Any]) -> float:
+    """The mean held-out gain over the behaviours an offline comparison compared (the
+    settings sweep keeps the setting with the highest)."""
+    gains = [float(x["gain"]) for x in numbers.get("compared") or []]
+    return sum(gains) / len(gains) if gains else float("-inf")
+
+
+def unfinished(numbers: dict[str, Any]) -> bool:
+    """Whether a candidate with a held-out gain still passes a suite under
+    SWEEP_UNTIL_PASS_RATE: worth training the next setting too. Without a suite there is no
+    absolute yardstick (a similarity to users' answers never reaches 1), and the first setting
+    with a gain is kept."""
+    return any(
+        x["metric"] == "pass_rate" and float(x["candidate"]) < SWEEP_UNTIL_PASS_RATE
+        for x in numbers.get("compared") or []
+    )

@@ -213,26 +213,40 @@ def _eval_retry(conn: Connection, c: dict[str, Any], why: str) -> Outcome:
     return Outcome(None, note=note, delay_s=POLL_S)
 
 
-def _tried(c: dict[str, Any], gain: offline.OfflineGain, *, kept: bool) -> list[dict[str, Any]]:
-    """The cycle's settings tried so far, with this run's (its held-out numbers, kept or not)."""
+def _tried(c: dict[str, Any], gain: offline.OfflineGain) -> list[dict[str, Any]]:
+    """The cycle's settings tried so far, with this run's (its held-out numbers and verdict)."""
     this = {
         "hyperparameters": c["hyperparameters"],
         "adapter_id": c["adapter_id"],
         "training_run_id": str(c["training_run_id"]),
         "offline": gain.numbers,
-        "kept": kept,
+        "gain": gain.ok,
+        "reason": gain.reason,
+        "kept": False,
     }
     return [*(c.get("settings_tried") or []), this]
 
 
-def _next_setting(
+def _sweep(
     conn: Connection, c: dict[str, Any], got: dict[str, Any], gain: offline.OfflineGain
 ) -> Outcome:
-    """No offline gain: train the next setting of the ladder, or reject after the last."""
-    tried = _tried(c, gain, kept=False)
-    _retire(conn, adapter_id=c["adapter_id"], reason=f"{_actor(c)}: {gain.reason}")
+    """The settings sweep: keep the best setting with a held-out gain so far (retire the
+    others), train the next setting of the ladder while the best is unfinished, then open the
+    canary with the best, or reject when no setting gained."""
+    tried = _tried(c, gain)
+    gained = [x for x in tried if x.get("gain", x["kept"])]
+    best = max(gained, key=lambda x: offline.mean_gain(x["offline"])) if gained else None
+    for x in tried:
+        if x["kept"] and x is not best:  # an earlier best, now beaten
+            _retire(
+                conn, adapter_id=x["adapter_id"], reason=f"{_actor(c)}: a later setting beat it"
+            )
+        x["kept"] = x is best
+    if best is not tried[-1]:
+        _retire(conn, adapter_id=c["adapter_id"], reason=f"{_actor(c)}: {gain.reason}")
     attempt = len(tried)
-    if attempt < len(SETTINGS_LADDER):
+    more = attempt < len(SETTINGS_LADDER)
+    if more and (best is None or offline.unfinished(best["offline"])):
         hp = _settings(c, int(c["n_train"] or 1), attempt=attempt)
         again = {
             "settings_tried": tried,
@@ -240,16 +254,37 @@ def _next_setting(
             "training_run_id": None,
             "adapter_id": None,
         }
-        note = f"{gain.reason}: training setting {attempt + 1} of {len(SETTINGS_LADDER)}"
+        why = (
+            gain.reason
+            if best is None
+            else f"best so far {best['adapter_id']} passes under"
+            f" {offline.SWEEP_UNTIL_PASS_RATE:g} of a suite"
+        )
+        note = f"{why}: training setting {attempt + 1} of {len(SETTINGS_LADDER)}"
         return Outcome("training", got | again, got | {"hyperparameters": hp}, note)
-    why = f"{gain.reason} (after {attempt} settings)"
-    verdict = {
+    if best is None:
+        why = f"{gain.reason} (after {attempt} settings)"
+        verdict = {
+            "settings_tried": tried,
+            "decision": "reject",
+            "decision_code": "no_offline_gain",
+            "decision_reason": why,
+        }
+        return Outcome("rejected", got | verdict, got, why)
+    if best is not tried[-1]:  # an earlier setting stays the best: the canary is that one
+        got = got | {
+            "eval_scores": adapters.counted_scores(conn, adapter_id=best["adapter_id"]),
+            "offline": best["offline"],
+        }
+    keep = {
         "settings_tried": tried,
-        "decision": "reject",
-        "decision_code": "no_offline_gain",
-        "decision_reason": why,
+        "adapter_id": best["adapter_id"],
+        "training_run_id": best["training_run_id"],
+        "hyperparameters": best["hyperparameters"],
     }
-    return Outcome("rejected", got | verdict, got, why)
+    n = len(gained)
+    why = f"setting {tried.index(best) + 1} of {attempt} kept ({n} gained)"
+    return Outcome("canary", got | keep, got, f"{why}: {best['reason']}")
 
 
 def step_evaluating(conn: Connection, c: dict[str, Any]) -> Outcome:
@@ -296,10 +331,7 @@ def step_evaluating(conn: Connection, c: dict[str, Any]) -> Outcome:
     margin = float(c["policy"]["min_offline_gain"])
     gain = offline.offline_gain(conn, adapter_id=c["adapter_id"], current=current, margin=margin)
     got |= {"offline": gain.numbers}
-    if not gain.ok:
-        return _next_setting(conn, c, got, gain)
-    tried = _tried(c, gain, kept=True)
-    return Outcome("canary", got | {"settings_tried": tried}, got, gain.reason)
+    return _sweep(conn, c, got, gain)
 
 
 def _promote(conn: Connection, c: dict[str, Any], got: dict[str, Any], why: str) -> Outcome:

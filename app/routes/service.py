@@ -35,6 +35,12 @@ def create_route(
 ) -> dict[str, Any]:
     """Insert a route on a served base model; 409 if the name is taken."""
     check_base_model(base_model, served)
+    if name.startswith("ft:"):
+        # The router reads such a `model` as a fine-tuned model's name (app/gateway/finetuned.py).
+        raise BadRequest(
+            "route names may not start with 'ft:': that prefix names fine-tuned models",
+            code="invalid_route_name",
+        )
     try:
         with conn.transaction():
             row: dict[str, Any] | None = conn.execute(

@@ -184,6 +184,11 @@ BEGIN
   DELETE FROM loop.policy WHERE tenant_id = p_tenant;
   GET DIAGNOSTICS v_n = ROW_COUNT; v_counts := v_counts || jsonb_build_object('loop.policy', v_n);
 
+  -- Fine-tuning jobs (their events go with them) before their runs; then the uploaded files.
+  DELETE FROM train.fine_tuning_job WHERE tenant_id = p_tenant;
+  GET DIAGNOSTICS v_n = ROW_COUNT; v_counts := v_counts || jsonb_build_object('train.fine_tuning_job', v_n);
+  DELETE FROM train.training_file WHERE tenant_id = p_tenant;
+  GET DIAGNOSTICS v_n = ROW_COUNT; v_counts := v_counts || jsonb_build_object('train.training_file', v_n);
   DELETE FROM train.training_run WHERE tenant_id = p_tenant;
   GET DIAGNOSTICS v_n = ROW_COUNT; v_counts := v_counts || jsonb_build_object('train.training_run', v_n);
   DELETE FROM serve.adapter WHERE tenant_id = p_tenant;

@@ -42,6 +42,13 @@ COMMENT ON COLUMN serve.adapter.created_at IS 'When it was registered.';
 COMMENT ON COLUMN serve.adapter.updated_at IS 'Last change of the row (kept by trigger).';
 COMMENT ON COLUMN serve.adapter.previous_prod_id IS
   'The prod adapter this one replaced when it was promoted; a rollback restores it.';
+COMMENT ON COLUMN serve.adapter.source IS
+  'Where it came from: trained (by cft''s trainer, from a training run) or imported (trained '
+  'elsewhere and registered by POST /v1/adapters or cft adapter import, after the same checks).';
+COMMENT ON COLUMN serve.adapter.import_detail IS
+  'An imported adapter''s record: origin (the upload or folder), imported_by (the API key or '
+  'cli), declared_base (base_model_name_or_path of its adapter_config.json), peft_version and '
+  'the metadata the caller sent. NULL for a trained adapter.';
 COMMENT ON COLUMN serve.adapter_event.id IS 'Event number, in the order the events were written.';
 COMMENT ON COLUMN serve.adapter_event.adapter_id IS 'The adapter that changed.';
 COMMENT ON COLUMN serve.adapter_event.route IS 'Its route.';

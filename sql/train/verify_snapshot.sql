@@ -1,5 +1,6 @@
 -- Recompute a snapshot's set hash and split from its stored examples: anyone can verify
--- what trained an adapter.
+-- what trained an adapter. A snapshot frozen from uploaded files (params.source = 'files') has
+-- the split its files gave, not the bucket rule: only its counts are checked.
 CREATE OR REPLACE FUNCTION train.verify_snapshot(p_snapshot_id uuid)
 RETURNS TABLE (set_hash_ok boolean, examples_ok boolean, split_ok boolean, n_examples bigint)
 LANGUAGE sql STABLE AS $$
@@ -9,7 +10,8 @@ LANGUAGE sql STABLE AS $$
            count(*) OVER () AS n_all,
            count(*) FILTER (WHERE train.split_bucket(x.example_hash)
                                   < (s.params->>'eval_pct')::int) OVER () AS n_bucket_eval,
-           (s.params->>'eval_pct')::int AS pct
+           (s.params->>'eval_pct')::int AS pct,
+           s.params->>'source' IS NOT DISTINCT FROM 'files' AS given
       FROM train.dataset_example x JOIN train.dataset_snapshot s ON s.id = x.snapshot_id
      WHERE x.snapshot_id = p_snapshot_id
   )
@@ -17,6 +19,7 @@ LANGUAGE sql STABLE AS $$
                                                         ORDER BY e.example_hash), ''::bytea)), 'hex'),
          coalesce(bool_and(e.example_hash = train.example_hash(e.example)), true),
          coalesce(bool_and(e.split = CASE
+                             WHEN e.given THEN e.split
                              WHEN e.bucket < e.pct THEN 'eval'
                              WHEN e.n_bucket_eval = 0 AND e.pct > 0 AND e.n_all >= 2 AND e.rk = 1
                                THEN 'eval'

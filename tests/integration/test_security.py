@@ -60,6 +60,7 @@ READ = frozenset({"reader", "trainer", "release", "admin"})
 DASHBOARD_READ = frozenset({"reader", "trainer", "release"})
 EXPECTED: dict[str, frozenset[str]] = {
     "GET /v1/adapters": READ,
+    "POST /v1/adapters": frozenset({"trainer", "admin"}),
     "GET /v1/adapters/{adapter_id}": READ,
     "GET /v1/adapters/{adapter_id}/promotion-check": READ,
     "POST /v1/adapters/{adapter_id}/canary": frozenset({"release", "admin"}),
@@ -96,6 +97,17 @@ EXPECTED: dict[str, frozenset[str]] = {
     "PUT /v1/routes/{name}/loop": frozenset({"trainer", "release", "admin"}),
     "GET /v1/routes/{name}/loop": READ,
     "GET /v1/loop/cycles/{cycle_id}": READ,
+    "POST /v1/files": frozenset({"trainer", "admin"}),
+    "GET /v1/files": READ,
+    "GET /v1/files/{file_id}": READ,
+    "DELETE /v1/files/{file_id}": frozenset({"trainer", "admin"}),
+    "GET /v1/files/{file_id}/content": READ,
+    "POST /v1/fine_tuning/jobs": frozenset({"trainer", "admin"}),
+    "GET /v1/fine_tuning/jobs": READ,
+    "GET /v1/fine_tuning/jobs/{fine_tuning_job_id}": READ,
+    "POST /v1/fine_tuning/jobs/{fine_tuning_job_id}/cancel": frozenset({"trainer", "admin"}),
+    "GET /v1/fine_tuning/jobs/{fine_tuning_job_id}/events": READ,
+    "GET /v1/fine_tuning/jobs/{fine_tuning_job_id}/checkpoints": READ,
     "GET /v1/loop/control": READ,
     "PUT /v1/loop/control": frozenset({auth.OPERATOR}),
     # The operator API: operator keys only, never a tenant's (tests/integration/test_tenants_api.py).
@@ -240,6 +252,8 @@ FAKE_IDS = {
     "name": "no-such-name",
     "cycle_id": "999999999",
     "key_id": "cft_nosuchkey",
+    "file_id": "file-nosuchfile",
+    "fine_tuning_job_id": "ftjob-nosuchjob",
 }
 
 

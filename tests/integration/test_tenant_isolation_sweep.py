@@ -11,6 +11,9 @@ import httpx
 
 from app.core import auth
 from app.core.config import Settings
+from app.finetuning import files as ft_files
+from app.finetuning import service as ft_jobs
+from app.finetuning.schemas import JobCreate
 from app.main import create_app
 from tests.support.factories import make_adapter, make_log, make_route, make_tenant
 from tests.support.servers import serve_app
@@ -44,7 +47,24 @@ def test_other_tenants_ids_are_404_on_every_endpoint(db_url: str, conn: Any, tmp
         "INSERT INTO loop.cycle (tenant_id, route, trigger) VALUES (%s, %s, 'volume') RETURNING id",
         (a["id"], route["name"]),
     ).fetchone()
+    ft_file = ft_files.create(
+        conn,
+        tenant_id=a["id"],
+        filename="a.jsonl",
+        purpose="fine-tune",
+        content=b'{"messages": [{"role": "user", "content": "hi"},'
+        b' {"role": "assistant", "content": "hello"}]}\n',
+        max_bytes=1 << 20,
+    )
+    ft_job = ft_jobs.create(
+        conn,
+        tenant_id=a["id"],
+        body=JobCreate(model=route["name"], training_file=ft_file.id),
+        actor="sweep",
+    )
     ids = {
+        "file_id": ft_file.id,
+        "fine_tuning_job_id": ft_job.id,
         "adapter_id": adapter["id"],
         "snapshot_id": str(snap["id"]),
         "run_id": str(run["id"]),
@@ -108,3 +128,5 @@ def test_other_tenants_ids_are_404_on_every_endpoint(db_url: str, conn: Any, tmp
         ).fetchone()["status"]
         == "queued"
     )
+    assert ft_jobs.get_or_raise(conn, job_id=ft_job.id).status == "queued"
+    assert ft_files.get(conn, file_id=ft_file.id) is not None

@@ -15,9 +15,9 @@ import pytest
 
 from app.core.artefacts import S3Store
 from app.core.config import get_settings
+from cft import cli
 from tests.support.servers import free_port
 from tests.support.tenants import counts, populate
-from workers import cli
 
 BUCKET = "offboard-cli"
 
@@ -121,7 +121,9 @@ def test_cft_tenant_delete_with_s3_store(
     assert first["retired_adapters"] == [gone["adapters"][0]]
     assert all(v == 0 for v in counts(conn, gone).values()), counts(conn, gone)
     removed = first["counts"]
-    assert removed["obs.inference_log"] == 3 and removed["train.dataset_example"] == 4
+    # Examples: the sealed snapshot's 4, and the 1 a fine-tuning job froze from its file.
+    assert removed["obs.inference_log"] == 3 and removed["train.dataset_example"] == 5
+    assert removed["train.fine_tuning_job"] == 1 and removed["train.training_file"] == 1
     assert removed["serve.adapter"] == 2 and removed["tenant"] == 1
     assert removed["obs.prompt_neighbour"] == 1 and removed["auth.api_key"] == 2
     assert len(_keys(client, "gone-route/")) == 6  # still there

@@ -11,6 +11,9 @@ from psycopg.types.json import Jsonb
 
 from app.core.artefacts import ArtefactStore
 from app.core.auth import create_key
+from app.finetuning import files as ft_files
+from app.finetuning import service as ft_jobs
+from app.finetuning.schemas import JobCreate
 from tests.support.factories import make_adapter, make_log, make_route, make_tenant
 from tests.support.training import make_run, make_snapshot
 
@@ -121,6 +124,22 @@ def populate(
         " VALUES (%s, %s, 0, 0, 0, 0)",
         (t["id"], b"\x01" * 32),
     )
+    # A fine-tuning file and job (its run and snapshot come with it), as the API makes them.
+    ft_file = ft_files.create(
+        conn,
+        tenant_id=t["id"],
+        filename="train.jsonl",
+        purpose="fine-tune",
+        content=b'{"messages": [{"role": "user", "content": "hi"},'
+        b' {"role": "assistant", "content": "hello"}]}\n',
+        max_bytes=1 << 20,
+    )
+    ft_jobs.create(
+        conn,
+        tenant_id=t["id"],
+        body=JobCreate(model=r["name"], training_file=ft_file.id),
+        actor="test",
+    )
     return {
         "tenant": t,
         "route": r,
@@ -179,6 +198,11 @@ COUNTS = {
         "SELECT count(*) FROM train.dataset_example WHERE snapshot_id = ANY (%(snapshots)s)"
     ),
     "train.training_run": "SELECT count(*) FROM train.training_run WHERE tenant_id = %(t)s",
+    "train.training_file": "SELECT count(*) FROM train.training_file WHERE tenant_id = %(t)s",
+    "train.fine_tuning_job": "SELECT count(*) FROM train.fine_tuning_job WHERE tenant_id = %(t)s",
+    "train.fine_tuning_event": (
+        "SELECT count(*) FROM train.fine_tuning_event WHERE tenant_id = %(t)s"
+    ),
     "loop.policy": "SELECT count(*) FROM loop.policy WHERE tenant_id = %(t)s",
     "loop.cycle": "SELECT count(*) FROM loop.cycle WHERE tenant_id = %(t)s",
     "loop.cycle_event": "SELECT count(*) FROM loop.cycle_event WHERE tenant_id = %(t)s",

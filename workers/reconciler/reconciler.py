@@ -1,8 +1,9 @@
 """Keep the engines serving serve.adapter's canary and prod adapters, each engine its share.
 
 Desired state: every canary and prod adapter, each route's previous prod (so a rollback needs
-no load), and any adapter asked for with want() lately (the router's wait path; a candidate
-the fine-tuning API serves). Each goes to one engine, the first of its rendezvous order among
+no load), every candidate a router was called for by name lately (a fine-tuned model:
+serve.adapter_demand, until its wanted_until), and any adapter asked for with want() lately
+(the router's wait path). Each goes to one engine, the first of its rendezvous order among
 the engines that are up and serve its base (app/engines/placement.py, the order the router
 sends its calls by), and each engine loads ahead only its share's hottest adapters, up to its
 capacity: canaries, then prods by recent calls, then previous prods. The rest is loaded when a
@@ -251,7 +252,8 @@ class Reconciler(PassLoop):
             log.info("reconciler leads the fleet (loads and unloads for every engine)")
 
     def _read_desired(self, conn: Connection) -> dict[str, Desired]:
-        """serve.adapter's serving adapters, read again after a NOTIFY or DESIRED_REREAD_S."""
+        """serve.adapter's serving adapters, read again after a NOTIFY, when a called-by-name
+        adapter's demand ends, or after DESIRED_REREAD_S."""
         now = time.monotonic()
         if self._desired is not None and not self._dirty and now < self._reread_at:
             if self._leaving:
@@ -262,7 +264,8 @@ class Reconciler(PassLoop):
         if self._extra:  # asked-for adapters still loadable (not retired meanwhile)
             self._extra = records.loadable(conn, self._extra, self._desired)
             self._extra = {i: a for i, a in self._extra.items() if i not in self._desired}
-        self._reread_at = now + DESIRED_REREAD_S
+        ends = records.next_demand_end(conn)
+        self._reread_at = now + min(DESIRED_REREAD_S, DESIRED_REREAD_S if ends is None else ends)
         self._leaving = records.recently_left(conn, UNLOAD_GRACE_S)
         return self._desired
 

@@ -14,16 +14,19 @@ from app.core.db import Connection
 from app.engines.placement import CANARY, PREVIOUS, PROD
 from workers.reconciler.staging import Desired
 
-# Every canary and prod, and each route's previous prod (kept for an instant rollback), with
-# its class in the hot set.
+# Every canary and prod, each route's previous prod (kept for an instant rollback), and each
+# candidate a router was called for by name (a fine-tuned model) until its demand ends, with
+# its class in the hot set (a called candidate with the canaries: it is being called now).
 _DESIRED = (
     "SELECT id, route, base_model, weights_uri, sha256,"
-    " CASE status WHEN 'canary' THEN %(canary)s WHEN 'prod' THEN %(prod)s"
-    " ELSE %(previous)s END AS rank"
+    " CASE status WHEN 'canary' THEN %(canary)s WHEN 'candidate' THEN %(canary)s"
+    " WHEN 'prod' THEN %(prod)s ELSE %(previous)s END AS rank"
     " FROM serve.adapter"
     " WHERE (status IN ('canary', 'prod') OR (tainted_at IS NULL AND id IN ("
     "  SELECT previous_prod_id FROM serve.adapter"
-    "   WHERE status = 'prod' AND previous_prod_id IS NOT NULL)))"
+    "   WHERE status = 'prod' AND previous_prod_id IS NOT NULL))"
+    " OR (status = 'candidate' AND tainted_at IS NULL AND id IN ("
+    "  SELECT adapter_id FROM serve.adapter_demand WHERE wanted_until > now())))"
     " AND weights_uri IS NOT NULL AND sha256 IS NOT NULL"
 )
 _RANKS = {"canary": CANARY, "prod": PROD, "previous": PREVIOUS}
@@ -40,6 +43,16 @@ def desired(conn: Connection) -> dict[str, Desired]:
     """The adapters the fleet serves, by id."""
     rows = conn.execute(_DESIRED, _RANKS).fetchall()
     return {r["id"]: Desired(**r) for r in rows}
+
+
+def next_demand_end(conn: Connection) -> float | None:
+    """Seconds until the first demand for a called-by-name adapter ends (then it leaves the
+    desired set: read it again); None when none is running."""
+    row = conn.execute(
+        "SELECT extract(epoch FROM min(wanted_until) - now())::float8 AS s"
+        " FROM serve.adapter_demand WHERE wanted_until > now()"
+    ).fetchone()
+    return None if row is None or row["s"] is None else float(row["s"])
 
 
 def recently_left(conn: Connection, grace_s: float) -> set[str]:

@@ -24,6 +24,8 @@ CREATE TABLE serve.adapter (
   updated_at          timestamptz NOT NULL DEFAULT now(),
 
   previous_prod_id    text,           -- the prod this one replaced when promoted (for rollback)
+  source              text NOT NULL DEFAULT 'trained' CHECK (source IN ('trained', 'imported')),
+  import_detail       jsonb,          -- an imported adapter's record (origin, who, metadata)
 
   FOREIGN KEY (route, tenant_id) REFERENCES serve.route (name, tenant_id),
   CHECK (status <> 'prod' OR traffic_pct = 100),
