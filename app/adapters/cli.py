@@ -7,6 +7,7 @@ import sys
 from typing import Any
 
 from app.adapters import service as adapters
+from app.adapters.schemas import Blocker
 from app.core.db import connect, database_url
 from app.core.errors import CftError
 from app.routes import service as routes
@@ -37,18 +38,15 @@ def register(subparsers: Any) -> None:
     p.set_defaults(func=_rollback)
 
 
-def _print_blockers(rows: list[dict[str, Any]]) -> None:
+def _print_blockers(rows: list[Blocker]) -> None:
     for b in rows:
-        where = (
-            f"{b['suite_id']}/{b['metric']} ({b['direction']} is better): " if b["metric"] else ""
-        )
+        where = f"{b.suite_id}/{b.metric} ({b.direction} is better): " if b.metric else ""
         scores = (
-            f" [candidate {b['candidate_score']}, current {b['current_score']},"
-            f" threshold {b['threshold']}]"
-            if b["metric"] and b["current_score"] is not None
+            f" [candidate {b.candidate_score}, current {b.current_score}, threshold {b.threshold}]"
+            if b.metric and b.current_score is not None
             else ""
         )
-        print(f"  - {where}{b['reason']}{scores}")
+        print(f"  - {where}{b.reason}{scores}")
 
 
 def _can_promote(args: argparse.Namespace) -> int:
@@ -57,7 +55,7 @@ def _can_promote(args: argparse.Namespace) -> int:
         if current is None:
             row = adapters.get_adapter(conn, adapter_id=args.candidate)
             current = (
-                adapters.current_prod(conn, tenant_id=row["tenant_id"], route=row["route"])
+                adapters.current_prod(conn, tenant_id=row.tenant_id, route=row.route)
                 if row
                 else None
             )
@@ -78,7 +76,7 @@ def _promote(args: argparse.Namespace) -> int:
     except CftError as exc:
         print(f"refused: {exc.message}", file=sys.stderr)
         return 1
-    print(f"{row['id']} is prod on {row['route']} (replaced {row['previous_prod_id'] or 'none'})")
+    print(f"{row.id} is prod on {row.route} (replaced {row.previous_prod_id or 'none'})")
     return 0
 
 
@@ -94,5 +92,5 @@ def _rollback(args: argparse.Namespace) -> int:
     except CftError as exc:
         print(f"refused: {exc.message}", file=sys.stderr)
         return 1
-    print(f"rolled back {prod}: {row['id']} is prod on {args.route} again")
+    print(f"rolled back {prod}: {row.id} is prod on {args.route} again")
     return 0
