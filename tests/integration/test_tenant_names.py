@@ -25,7 +25,7 @@ from tests.support.engines import FakeVLLM, write_adapter
 from tests.support.factories import make_adapter, make_log, make_route, make_tenant
 from tests.support.loop import refresh, set_policy, trigger
 from tests.support.servers import serve_app
-from workers import cli
+from cft import cli
 
 ROUTE = "support"
 SUITE = "smoke"

@@ -17,7 +17,7 @@ from app.core.artefacts import S3Store
 from app.core.config import get_settings
 from tests.support.servers import free_port
 from tests.support.tenants import counts, populate
-from workers import cli
+from cft import cli
 
 BUCKET = "offboard-cli"
 

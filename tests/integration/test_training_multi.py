@@ -301,7 +301,7 @@ def test_a_crashed_rank_fails_the_run_readably(conn, db_url, tmp_path, models_di
 
 def test_cli_queues_a_run_with_its_needs(conn, db_url, monkeypatch, capsys) -> None:  # type: ignore[no-untyped-def]
     from app.core.config import get_settings
-    from workers import cli
+    from cft import cli
 
     tenant, route, snap = setup_route(conn)
     monkeypatch.setenv("CFT_DATABASE_URL", db_url)
