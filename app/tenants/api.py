@@ -113,5 +113,4 @@ def offboard_tenant(
             force=force,
             unload_timeout=unload_timeout,
         )
-    body = schemas.OffboardingOut.model_validate(out)
-    return JSONResponse(jsonable_encoder(body), status_code=200 if body.status == "done" else 202)
+    return JSONResponse(jsonable_encoder(out), status_code=200 if out.status == "done" else 202)

@@ -60,8 +60,8 @@ def _delete(conn: Any, args: argparse.Namespace) -> int:
         force=args.force,
         unload_timeout=args.unload_timeout,
     )
-    print(json.dumps(out, indent=2, default=str))
-    if out["status"] != "done":
+    print(json.dumps(out.model_dump(), indent=2, default=str))
+    if out.status != "done":
         print("artefacts are still pending: run the same command again", file=sys.stderr)
         return 1
     return 0
