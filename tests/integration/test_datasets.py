@@ -908,10 +908,7 @@ def test_api_role_can_snapshot_only_its_own_tenant(conn, world):
             c, tenant_id=tenant["id"], route=route["name"], method="kto"
         )
         assert snap.n_train + snap.n_eval == 3
-        assert (
-            len(datasets.export_snapshot(c, snapshot_id=snap.id, split="train"))
-            == snap.n_train
-        )
+        assert len(datasets.export_snapshot(c, snapshot_id=snap.id, split="train")) == snap.n_train
         with pytest.raises(psycopg.errors.InsufficientPrivilege):
             c.execute("SELECT * FROM train.kto_candidate")
         c.rollback()

@@ -128,9 +128,7 @@ def test_a_cycle_goes_from_traffic_to_a_watched_promotion(conn, work):
     # The always-valid rule (serve.canary_decision) decided, not the fixed-horizon reading.
     assert (c.decision, c.decision_code) == ("promote", "significantly_better")
     primary = c.experiment["always_valid"]["primary"]
-    assert (
-        c.previous_prod_id == prod["id"] and primary["significant"] and primary["p_value"] < 0.05
-    )
+    assert c.previous_prod_id == prod["id"] and primary["significant"] and primary["p_value"] < 0.05
     ev = conn.execute(
         "SELECT reason FROM serve.adapter_event WHERE adapter_id = %s AND new_status = 'prod'",
         (c.adapter_id,),
@@ -198,9 +196,7 @@ def test_a_canary_that_loses_is_retired(conn, work):
         "retire",
         "significantly_worse",
     )
-    a = conn.execute(
-        "SELECT status FROM serve.adapter WHERE id = %s", (c.adapter_id,)
-    ).fetchone()
+    a = conn.execute("SELECT status FROM serve.adapter WHERE id = %s", (c.adapter_id,)).fetchone()
     assert a["status"] == "retired"
 
 

@@ -20,12 +20,12 @@ from psycopg.rows import dict_row
 from app.core import auth
 from app.core.artefacts import LocalStore
 from app.core.config import Settings, get_settings
+from cft import cli
 from cft.serve import create_app
 from tests.support.engines import FakeVLLM, write_adapter
 from tests.support.factories import make_adapter, make_log, make_route, make_tenant
 from tests.support.loop import refresh, set_policy, trigger
 from tests.support.servers import serve_app
-from cft import cli
 
 ROUTE = "support"
 SUITE = "smoke"

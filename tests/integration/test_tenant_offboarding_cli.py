@@ -15,9 +15,9 @@ import pytest
 
 from app.core.artefacts import S3Store
 from app.core.config import get_settings
+from cft import cli
 from tests.support.servers import free_port
 from tests.support.tenants import counts, populate
-from cft import cli
 
 BUCKET = "offboard-cli"
 
