@@ -81,7 +81,7 @@ def _edges(conn: Any) -> set[tuple[int, int]]:
     return {(r["a_id"], r["b_id"]) for r in conn.execute("SELECT * FROM obs.prompt_neighbour")}
 
 
-def _snapshot(conn: Any, tenant: dict[str, Any], route: dict[str, Any], **kw: Any) -> Any:
+def _snapshot(conn: Any, tenant: dict[str, Any], route: dict[str, Any], **kw: Any) -> SnapshotOut:
     return datasets.create_snapshot(
         conn, tenant_id=tenant["id"], route=route["name"], method="kto", **kw
     )

@@ -40,7 +40,7 @@ def _user(text: str) -> list[dict[str, str]]:
 
 def _snapshot(
     conn: Any, tenant: dict[str, Any], route: dict[str, Any], method: str, **kw: Any
-) -> dict[str, Any]:
+) -> SnapshotOut:
     return datasets.create_snapshot(
         conn, tenant_id=tenant["id"], route=route["name"], method=method, **kw
     )
