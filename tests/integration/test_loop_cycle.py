@@ -422,11 +422,11 @@ def test_no_canary_without_an_offline_gain_and_every_setting_is_on_the_cycle(con
     )
 
 
-def _second_setting(conn: Any, work: Any, c: dict[str, Any]) -> dict[str, Any]:
-    c = drive(work, conn, c["id"])  # enqueues the next setting's run
-    finish_training(conn, c["training_run_id"])
-    c = drive(work, conn, c["id"])
-    assert c["state"] == "evaluating", c
+def _second_setting(conn: Any, work: Any, c: Cycle) -> Cycle:
+    c = drive(work, conn, c.id)  # enqueues the next setting's run
+    finish_training(conn, c.training_run_id)
+    c = drive(work, conn, c.id)
+    assert c.state == "evaluating", c
     return c
 
 
@@ -437,26 +437,26 @@ def test_a_partial_gain_sweeps_the_next_setting_and_keeps_the_best(conn, work, s
     retired, and both are on the cycle."""
     world(conn)
     c = _to_evaluating(conn, work)
-    first = c["adapter_id"]
+    first = c.adapter_id
     evaluate(conn, c, 0.6)  # the prod scores 0.5: a gain, but the suite passes 60 %
-    c = drive(work, conn, c["id"])
-    assert (c["state"], c["adapter_id"], c["training_run_id"]) == ("training", None, None), c
-    assert [x["kept"] for x in c["settings_tried"]] == [True]
+    c = drive(work, conn, c.id)
+    assert (c.state, c.adapter_id, c.training_run_id) == ("training", None, None), c
+    assert [x["kept"] for x in c.settings_tried or []] == [True]
     c = _second_setting(conn, work, c)
-    ids = [first, c["adapter_id"]]
+    ids = [first, c.adapter_id]
     evaluate(conn, c, second)
-    c = drive(work, conn, c["id"])
-    assert c["state"] == "canary", (c["decision_reason"], c["error"])
-    assert c["adapter_id"] == ids[kept]
-    assert [x["kept"] for x in c["settings_tried"]] == [i == kept for i in range(2)]
-    assert c["hyperparameters"] == c["settings_tried"][kept]["hyperparameters"]
+    c = drive(work, conn, c.id)
+    assert c.state == "canary", (c.decision_reason, c.error)
+    assert c.adapter_id == ids[kept]
+    assert [x["kept"] for x in c.settings_tried or []] == [i == kept for i in range(2)]
+    assert c.hyperparameters == (c.settings_tried or [])[kept]["hyperparameters"]
     rows = conn.execute("SELECT id, status FROM serve.adapter WHERE id = ANY(%s)", (ids,))
     assert {r["id"]: r["status"] for r in rows} == {
         ids[kept]: "candidate",
         ids[1 - kept]: "retired",
     }
-    c = drive(work, conn, c["id"])
-    assert c["state"] == "deciding"
+    c = drive(work, conn, c.id)
+    assert c.state == "deciding"
     assert (
         conn.execute("SELECT status FROM serve.adapter WHERE id = %s", (ids[kept],)).fetchone()[
             "status"
