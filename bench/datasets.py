@@ -286,7 +286,7 @@ def run_snapshots(
     print()
     print(f"{'method':6} {'floor rows':>10} {'COPY s':>8} {'snapshot s':>10} {'ratio':>6}  counts")
     for method, t_snap, t_floor, floor_rows, _, snap in results:
-        c = snap["counts"]
+        c = snap.counts
         steps = " -> ".join(
             f"{k} {c[k]}"
             for k in ("view_rows", "in_window", "live_ok", "exact_dedup", "semantic_dedup")
@@ -298,8 +298,8 @@ def run_snapshots(
         ratios = sorted(r[1] / r[2] for r in results if r[0] == method)
         print(f"{method}: median ratio {statistics.median(ratios):.1f}x of {len(ratios)} run(s)")
     for method, _, _, _, floor_bytes, snap in results[:2]:
-        c = snap["counts"]
-        ms = ", ".join(f"{k} {v}" for k, v in snap["params"]["step_ms"].items())
+        c = snap.counts
+        ms = ", ".join(f"{k} {v}" for k, v in snap.params["step_ms"].items())
         print(
             f"{method}: COPY {floor_bytes / 1e6:.1f} MB; searched_rows {c['searched_rows']},"
             f" probed_live {c['probed_live']}; ms per step: {ms}"

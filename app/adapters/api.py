@@ -49,7 +49,7 @@ def list_adapters(
     conn: TenantConn, key: ReaderKey, route: str | None = None
 ) -> schemas.AdapterList:
     """List the tenant's adapters, optionally of one route."""
-    return schemas.AdapterList.model_validate({"data": adapters.list_adapters(conn, route=route)})
+    return schemas.AdapterList(data=adapters.list_adapters(conn, route=route))
 
 
 def _metadata(raw: str | None) -> dict[str, Any]:
@@ -115,7 +115,7 @@ def import_adapter(
         origin=f"upload {name} (sha256 {_sha256(file)})",
         actor=_actor(key),
     )
-    row: dict[str, Any] | None = None
+    row: schemas.AdapterOut | None = None
     with tempfile.TemporaryDirectory(prefix="cft-import-") as tmp:
         work = Path(tmp)
         source = archive.unpack(
@@ -136,22 +136,20 @@ def import_adapter(
             if row is not None:  # registered, but the commit failed: remove what was stored
                 imports.discard(store, row)
             raise
-    return schemas.AdapterOut.model_validate(row)
+    assert row is not None
+    return row
 
 
 @router.get("/v1/adapters/{adapter_id}")
 def read_adapter(adapter_id: str, conn: TenantConn, key: ReaderKey) -> schemas.AdapterDetail:
     """Return one adapter with its eval results and audit events."""
-    detail = adapters.get_detail_or_raise(conn, adapter_id=adapter_id)
-    return schemas.AdapterDetail.model_validate(detail)
+    return adapters.get_detail_or_raise(conn, adapter_id=adapter_id)
 
 
 @router.get("/v1/adapters/{adapter_id}/promotion-check")
 def check_promotion(adapter_id: str, conn: TenantConn, key: ReaderKey) -> schemas.PromotionCheck:
     """Say whether the gate would promote the adapter over its route's prod now, and why not."""
-    return schemas.PromotionCheck.model_validate(
-        adapters.check_promotion(conn, adapter_id=adapter_id)
-    )
+    return adapters.check_promotion(conn, adapter_id=adapter_id)
 
 
 @router.post("/v1/adapters/{adapter_id}/canary")
@@ -159,14 +157,13 @@ def start_canary(
     adapter_id: str, body: schemas.CanaryIn, conn: TenantConn, key: ReleaseKey
 ) -> schemas.AdapterOut:
     """Serve the adapter to traffic_pct % of its route's users (needs eval results)."""
-    row = adapters.start_canary(
+    return adapters.start_canary(
         conn,
         adapter_id=adapter_id,
         traffic_pct=body.traffic_pct,
         reason=body.reason,
         actor=_actor(key),
     )
-    return schemas.AdapterOut.model_validate(row)
 
 
 @router.post("/v1/adapters/{adapter_id}/promote")
@@ -174,10 +171,9 @@ def promote(
     adapter_id: str, conn: TenantConn, key: ReleaseKey, body: schemas.PromoteIn | None = None
 ) -> schemas.AdapterOut:
     """Make the adapter its route's prod if the gate allows (409 with the reasons if not)."""
-    row = adapters.promote(
+    return adapters.promote(
         conn, adapter_id=adapter_id, reason=body.reason if body else None, actor=_actor(key)
     )
-    return schemas.AdapterOut.model_validate(row)
 
 
 @router.post("/v1/adapters/{adapter_id}/rollback")
@@ -186,8 +182,7 @@ def rollback(
 ) -> schemas.AdapterOut:
     """Retire the prod adapter and restore the one it replaced; returns the restored one."""
     reason = body.reason if body else schemas.RollbackIn().reason
-    row = adapters.rollback(conn, adapter_id=adapter_id, reason=reason, actor=_actor(key))
-    return schemas.AdapterOut.model_validate(row)
+    return adapters.rollback(conn, adapter_id=adapter_id, reason=reason, actor=_actor(key))
 
 
 @router.post("/v1/adapters/{adapter_id}/eval-results")
@@ -199,17 +194,15 @@ def record_eval_results(
     A trainer's results are kept and shown, but satisfy no required rule unless the policy
     trusts trainers; a release key's do (train.promotion_policy.trusted_authors).
     """
-    rows = adapters.record_eval_results(
+    return adapters.record_eval_results(
         conn, adapter_id=adapter_id, results=[r.model_dump() for r in body.results], key_id=key.id
     )
-    return [schemas.EvalResultOut.model_validate(r) for r in rows]
 
 
 @router.get("/v1/promotion-policy")
 def read_policy(conn: TenantConn, key: ReaderKey, route: str | None = None) -> schemas.PolicyOut:
     """The gate's rules: global ones and the route's own."""
-    data: list[dict[str, Any]] = adapters.get_policy(conn, tenant_id=key.tenant_id, route=route)
-    return schemas.PolicyOut.model_validate({"data": data})
+    return schemas.PolicyOut(data=adapters.get_policy(conn, tenant_id=key.tenant_id, route=route))
 
 
 @router.put("/v1/promotion-policy")
@@ -219,4 +212,4 @@ def replace_policy(body: schemas.PolicyIn, conn: TenantConn, key: AdminKey) -> s
         conn, tenant_id=key.tenant_id, route=body.route, rules=[r.model_dump() for r in body.rules]
     )
     rules = adapters.get_policy(conn, tenant_id=key.tenant_id, route=body.route)
-    return schemas.PolicyOut.model_validate({"data": [r for r in rules if r["route"]]})
+    return schemas.PolicyOut(data=[r for r in rules if r.route])

@@ -12,6 +12,7 @@ from typing import Any
 
 from app.adapters import imports
 from app.adapters import service as adapters
+from app.adapters.schemas import AdapterOut, Blocker
 from app.core import artefacts
 from app.core.config import get_settings
 from app.core.db import connect, database_url
@@ -72,18 +73,15 @@ def register(subparsers: Any) -> None:
     i.set_defaults(func=_import)
 
 
-def _print_blockers(rows: list[dict[str, Any]]) -> None:
+def _print_blockers(rows: list[Blocker]) -> None:
     for b in rows:
-        where = (
-            f"{b['suite_id']}/{b['metric']} ({b['direction']} is better): " if b["metric"] else ""
-        )
+        where = f"{b.suite_id}/{b.metric} ({b.direction} is better): " if b.metric else ""
         scores = (
-            f" [candidate {b['candidate_score']}, current {b['current_score']},"
-            f" threshold {b['threshold']}]"
-            if b["metric"] and b["current_score"] is not None
+            f" [candidate {b.candidate_score}, current {b.current_score}, threshold {b.threshold}]"
+            if b.metric and b.current_score is not None
             else ""
         )
-        print(f"  - {where}{b['reason']}{scores}")
+        print(f"  - {where}{b.reason}{scores}")
 
 
 def _can_promote(args: argparse.Namespace) -> int:
@@ -92,7 +90,7 @@ def _can_promote(args: argparse.Namespace) -> int:
         if current is None:
             row = adapters.get_adapter(conn, adapter_id=args.candidate)
             current = (
-                adapters.current_prod(conn, tenant_id=row["tenant_id"], route=row["route"])
+                adapters.current_prod(conn, tenant_id=row.tenant_id, route=row.route)
                 if row
                 else None
             )
@@ -113,7 +111,7 @@ def _promote(args: argparse.Namespace) -> int:
     except CftError as exc:
         print(f"refused: {exc.message}", file=sys.stderr)
         return 1
-    print(f"{row['id']} is prod on {row['route']} (replaced {row['previous_prod_id'] or 'none'})")
+    print(f"{row.id} is prod on {row.route} (replaced {row.previous_prod_id or 'none'})")
     return 0
 
 
@@ -129,14 +127,14 @@ def _rollback(args: argparse.Namespace) -> int:
     except CftError as exc:
         print(f"refused: {exc.message}", file=sys.stderr)
         return 1
-    print(f"rolled back {prod}: {row['id']} is prod on {args.route} again")
+    print(f"rolled back {prod}: {row.id} is prod on {args.route} again")
     return 0
 
 
 def _import(args: argparse.Namespace) -> int:
     settings = get_settings()
     store = artefacts.get_store(settings)
-    row: dict[str, Any] | None = None
+    row: AdapterOut | None = None
     try:
         metadata = json.loads(args.metadata) if args.metadata else {}
         if not isinstance(metadata, dict):
@@ -178,7 +176,7 @@ def _import(args: argparse.Namespace) -> int:
         return 1
     assert row is not None
     print(
-        f"imported {row['id']}: a candidate of route {row['route']} (sha256 {row['sha256']},"
-        f" {row['size_bytes']} bytes at {row['weights_uri']}); the evaluator scores it next"
+        f"imported {row.id}: a candidate of route {row.route} (sha256 {row.sha256},"
+        f" {row.size_bytes} bytes at {row.weights_uri}); the evaluator scores it next"
     )
     return 0

@@ -30,6 +30,7 @@ import psycopg
 
 from app.adapters import archive
 from app.adapters import service as adapters
+from app.adapters.schemas import AdapterOut
 from app.core import basemodels
 from app.core.artefacts import (
     CONFIG_FILE,
@@ -200,13 +201,13 @@ def adapter_name(tenant_id: int, route: str, now: datetime | None = None) -> str
     return f"{route[:96]}-{stamp}-t{tenant_id}-i{secrets.token_hex(4)}"
 
 
-def discard(store: LocalStore | S3Store, row: dict[str, Any]) -> None:
+def discard(store: LocalStore | S3Store, row: AdapterOut) -> None:
     """Delete the artefact an import stored (its registration did not commit)."""
     store.delete(
         StoredVersion(
-            route=row["route"],
-            version=row["id"],
-            uri=row["weights_uri"],
+            route=row.route,
+            version=row.id,
+            uri=str(row.weights_uri),
             modified_at=datetime.now(UTC),
         )
     )
@@ -221,7 +222,7 @@ def import_adapter(
     store: LocalStore | S3Store,
     settings: Settings,
     work: Path,
-) -> dict[str, Any]:
+) -> AdapterOut:
     """Check the adapter under source_dir, store it and register it as a candidate of the
     tenant's route, in the caller's transaction; returns its row.
 
@@ -306,7 +307,11 @@ def import_adapter(
             )
     except BaseException as exc:
         try:
-            discard(store, {"route": spec.route, "id": name, "weights_uri": stored.uri})
+            store.delete(
+                StoredVersion(
+                    route=spec.route, version=name, uri=stored.uri, modified_at=datetime.now(UTC)
+                )
+            )
         except ArtefactError:
             log.exception("could not delete %s after its registration failed", stored.uri)
         if isinstance(exc, psycopg.errors.CheckViolation):

@@ -10,6 +10,15 @@ import psycopg
 from psycopg import errors as pg_errors
 from psycopg.types.json import Jsonb
 
+from app.adapters.schemas import (
+    AdapterDetail,
+    AdapterEventOut,
+    AdapterOut,
+    Blocker,
+    EvalResultOut,
+    PolicyRuleOut,
+    PromotionCheck,
+)
 from app.core.db import Connection, as_key
 from app.core.errors import BadRequest, Conflict, Forbidden, NotFound
 
@@ -47,25 +56,29 @@ def _raise_gate(exc: psycopg.Error) -> None:
     raise exc
 
 
-def list_adapters(conn: Connection, *, route: str | None = None) -> list[dict[str, Any]]:
+def list_adapters(conn: Connection, *, route: str | None = None) -> list[AdapterOut]:
     """Adapters visible to the connection, newest first, optionally of one route."""
     rows = conn.execute(
         f"SELECT {ADAPTER_COLUMNS} FROM serve.adapter"
         " WHERE %(route)s::text IS NULL OR route = %(route)s ORDER BY created_at DESC, id",
         {"route": route},
     ).fetchall()
-    return [_clean(r, "traffic_pct") for r in rows]
+    return [_adapter(r) for r in rows]
 
 
-def get_adapter(conn: Connection, *, adapter_id: str) -> dict[str, Any] | None:
+def _adapter(row: dict[str, Any]) -> AdapterOut:
+    return AdapterOut.model_validate(_clean(row, "traffic_pct"))
+
+
+def get_adapter(conn: Connection, *, adapter_id: str) -> AdapterOut | None:
     """One adapter, or None."""
     row = conn.execute(
         f"SELECT {ADAPTER_COLUMNS} FROM serve.adapter WHERE id = %s", (adapter_id,)
     ).fetchone()
-    return _clean(row, "traffic_pct") if row else None
+    return _adapter(row) if row else None
 
 
-def get_adapter_or_raise(conn: Connection, *, adapter_id: str) -> dict[str, Any]:
+def get_adapter_or_raise(conn: Connection, *, adapter_id: str) -> AdapterOut:
     """One adapter, or NotFound."""
     row = get_adapter(conn, adapter_id=adapter_id)
     if row is None:
@@ -73,7 +86,7 @@ def get_adapter_or_raise(conn: Connection, *, adapter_id: str) -> dict[str, Any]
     return row
 
 
-def get_detail_or_raise(conn: Connection, *, adapter_id: str) -> dict[str, Any]:
+def get_detail_or_raise(conn: Connection, *, adapter_id: str) -> AdapterDetail:
     """One adapter with its eval results and its audit events."""
     row = get_adapter_or_raise(conn, adapter_id=adapter_id)
     results = conn.execute(
@@ -88,10 +101,14 @@ def get_detail_or_raise(conn: Connection, *, adapter_id: str) -> dict[str, Any]:
         " WHERE adapter_id = %s ORDER BY id",
         (adapter_id,),
     ).fetchall()
-    return row | {
-        "eval_results": [_clean(r, "score") for r in results],
-        "events": [_clean(e, "old_traffic_pct", "new_traffic_pct") for e in events],
-    }
+    return AdapterDetail(
+        **dict(row),
+        eval_results=[EvalResultOut.model_validate(_clean(r, "score")) for r in results],
+        events=[
+            AdapterEventOut.model_validate(_clean(e, "old_traffic_pct", "new_traffic_pct"))
+            for e in events
+        ],
+    )
 
 
 def current_prod(conn: Connection, *, tenant_id: int, route: str) -> str | None:
@@ -103,21 +120,24 @@ def current_prod(conn: Connection, *, tenant_id: int, route: str) -> str | None:
     return str(row["id"]) if row else None
 
 
-def blockers(conn: Connection, *, candidate: str, current: str | None) -> list[dict[str, Any]]:
+def blockers(conn: Connection, *, candidate: str, current: str | None) -> list[Blocker]:
     """Why the gate would refuse candidate over current (empty = allowed)."""
     rows = conn.execute(
         "SELECT * FROM serve.promotion_blockers(%s, %s)", (candidate, current)
     ).fetchall()
-    return [_clean(r, "candidate_score", "current_score", "threshold") for r in rows]
+    return [
+        Blocker.model_validate(_clean(r, "candidate_score", "current_score", "threshold"))
+        for r in rows
+    ]
 
 
-def check_promotion(conn: Connection, *, adapter_id: str) -> dict[str, Any]:
+def check_promotion(conn: Connection, *, adapter_id: str) -> PromotionCheck:
     """The gate's verdict on promoting adapter_id over its route's prod now."""
     row = get_adapter_or_raise(conn, adapter_id=adapter_id)
-    current = current_prod(conn, tenant_id=row["tenant_id"], route=row["route"])
+    current = current_prod(conn, tenant_id=row.tenant_id, route=row.route)
     # For the prod itself the database answers "candidate and current are the same adapter".
     found = blockers(conn, candidate=adapter_id, current=current)
-    return {"adapter_id": adapter_id, "current": current, "allowed": not found, "blockers": found}
+    return PromotionCheck(adapter_id=adapter_id, current=current, allowed=not found, blockers=found)
 
 
 def annotate(conn: Connection, *, reason: str | None, actor: str | None) -> None:
@@ -130,7 +150,7 @@ def annotate(conn: Connection, *, reason: str | None, actor: str | None) -> None
 
 def _set_status(
     conn: Connection, *, adapter_id: str, status: str, traffic_pct: float
-) -> dict[str, Any]:
+) -> AdapterOut:
     try:
         with conn.transaction():  # a savepoint: a refusal leaves the request's transaction usable
             conn.execute(
@@ -149,12 +169,12 @@ def start_canary(
     traffic_pct: float,
     reason: str | None = None,
     actor: str | None = None,
-) -> dict[str, Any]:
+) -> AdapterOut:
     """Serve adapter_id to traffic_pct % of its route's users (eval results required)."""
     row = get_adapter_or_raise(conn, adapter_id=adapter_id)
-    if row["status"] not in ("candidate", "canary", "retired"):
+    if row.status not in ("candidate", "canary", "retired"):
         raise Conflict(
-            f"adapter {adapter_id} is {row['status']}: only a candidate, canary or retired"
+            f"adapter {adapter_id} is {row.status}: only a candidate, canary or retired"
             " adapter can become a canary",
             code="invalid_status",
         )
@@ -164,10 +184,10 @@ def start_canary(
 
 def promote(
     conn: Connection, *, adapter_id: str, reason: str | None = None, actor: str | None = None
-) -> dict[str, Any]:
+) -> AdapterOut:
     """Make adapter_id its route's prod; the database gate decides and retires the old prod."""
     row = get_adapter_or_raise(conn, adapter_id=adapter_id)
-    if row["status"] == "prod":
+    if row.status == "prod":
         raise Conflict(f"adapter {adapter_id} is already prod", code="invalid_status")
     annotate(conn, reason=reason, actor=actor)
     return _set_status(conn, adapter_id=adapter_id, status="prod", traffic_pct=100)
@@ -175,12 +195,12 @@ def promote(
 
 def rollback(
     conn: Connection, *, adapter_id: str, reason: str, actor: str | None = None
-) -> dict[str, Any]:
+) -> AdapterOut:
     """Retire prod adapter_id and restore the prod it replaced; returns the restored adapter."""
     row = get_adapter_or_raise(conn, adapter_id=adapter_id)
-    if row["status"] != "prod":
+    if row.status != "prod":
         raise Conflict(
-            f"adapter {adapter_id} is {row['status']}, not prod: only a prod can be rolled back",
+            f"adapter {adapter_id} is {row.status}, not prod: only a prod can be rolled back",
             code="invalid_status",
         )
     annotate(conn, reason=None, actor=actor)
@@ -188,7 +208,7 @@ def rollback(
         with conn.transaction():
             got = conn.execute(
                 "SELECT serve.rollback(%s, %s, %s) AS id",
-                (row["tenant_id"], row["route"], reason),
+                (row.tenant_id, row.route, reason),
             ).fetchone()
     except psycopg.Error as exc:
         _raise_gate(exc)
@@ -262,7 +282,7 @@ def counted_scores(conn: Connection, *, adapter_id: str) -> dict[str, float | No
 
 def record_eval_results(
     conn: Connection, *, adapter_id: str, results: list[dict[str, Any]], key_id: int
-) -> list[dict[str, Any]]:
+) -> list[EvalResultOut]:
     """Record scores of an adapter as key_id's; returns the newest result of each author.
 
     Results are facts: a score sent again for a suite/metric is a new result, and the newest of
@@ -279,12 +299,12 @@ def record_eval_results(
             " %(rubric_version)s)",
             [{"rubric_version": None} | r | {"adapter_id": adapter_id} for r in results],
         )
-    return get_detail_or_raise(conn, adapter_id=adapter_id)["eval_results"]  # type: ignore[no-any-return]
+    return get_detail_or_raise(conn, adapter_id=adapter_id).eval_results
 
 
 def get_policy(
     conn: Connection, *, tenant_id: int, route: str | None = None
-) -> list[dict[str, Any]]:
+) -> list[PolicyRuleOut]:
     """The global rules and the tenant's rules of route (or of every route of the tenant)."""
     rows = conn.execute(
         "SELECT route, suite_id, metric, direction, tolerance, required, trusted_authors,"
@@ -294,7 +314,7 @@ def get_policy(
         " ORDER BY route NULLS FIRST, suite_id, metric",
         {"tenant": tenant_id, "route": route},
     ).fetchall()
-    return [_clean(r, "tolerance", "min_judge_kappa") for r in rows]
+    return [PolicyRuleOut.model_validate(_clean(r, "tolerance", "min_judge_kappa")) for r in rows]
 
 
 def replace_policy(

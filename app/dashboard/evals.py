@@ -11,6 +11,7 @@ from fastapi import APIRouter, Request
 from fastapi.responses import Response
 
 from app.adapters import service as adapters
+from app.adapters.schemas import AdapterOut
 from app.dashboard.layout import PoolDep, login_page, not_found, page, reader, tenant
 
 router = APIRouter(include_in_schema=False)
@@ -19,17 +20,19 @@ ACTIVE = "/dashboard/evals"
 DEFAULT_RULE = "default rule: higher is better, 2 %"
 
 
-def _against(conn: Any, adapter: dict[str, Any]) -> tuple[str | None, str]:
+def _against(
+    conn: Any, *, status: str, previous_prod_id: str | None, tenant_id: int, route: str
+) -> tuple[str | None, str]:
     """The adapter the gate compares with: the route's prod, or for the prod the one it replaced."""
-    if adapter["status"] == "prod":
-        return adapter["previous_prod_id"], "previous prod"
-    prod = adapters.current_prod(conn, tenant_id=adapter["tenant_id"], route=adapter["route"])
+    if status == "prod":
+        return previous_prod_id, "previous prod"
+    prod = adapters.current_prod(conn, tenant_id=tenant_id, route=route)
     return prod, "prod"
 
 
-def _base_scores(adapter: dict[str, Any]) -> dict[tuple[str, str], Any]:
+def _base_scores(adapter: AdapterOut) -> dict[tuple[str, str], Any]:
     """(suite, metric) -> the bare base's score, from the evaluator's summary."""
-    summary = adapter.get("eval_summary") or {}
+    summary = adapter.eval_summary or {}
     base = (summary.get("results") or {}).get("base") or {}
     out: dict[tuple[str, str], Any] = {}
     for suite, metrics in base.items():
@@ -39,21 +42,20 @@ def _base_scores(adapter: dict[str, Any]) -> dict[tuple[str, str], Any]:
     return out
 
 
-def _rules(conn: Any, adapter: dict[str, Any]) -> dict[tuple[str, str], str]:
+def _rules(conn: Any, adapter: AdapterOut) -> dict[tuple[str, str], str]:
     """(suite, metric) -> the gate's rule for it, as text (the route's rule over the global)."""
-    snap = adapter.get("dataset_snapshot_id")
+    snap = adapter.dataset_snapshot_id
     out: dict[tuple[str, str], str] = {}
     # Global rules first, so the route's own replace them.
-    for r in adapters.get_policy(conn, tenant_id=adapter["tenant_id"], route=adapter["route"]):
-        if r["route"] not in (None, adapter["route"]):
+    for r in adapters.get_policy(conn, tenant_id=adapter.tenant_id, route=adapter.route):
+        if r.route not in (None, adapter.route):
             continue
-        suite = f"heldout:{snap}" if r["suite_id"] == "heldout:snapshot" and snap else r["suite_id"]
-        tol = r["tolerance"]
-        out[(suite, r["metric"])] = (
+        suite = f"heldout:{snap}" if r.suite_id == "heldout:snapshot" and snap else r.suite_id
+        out[(suite, r.metric)] = (
             "ignored"
-            if r["direction"] == "ignore"
-            else f"{r['direction']} is better, {100 * (tol or 0):g} %"
-            + (", required" if r["required"] else "")
+            if r.direction == "ignore"
+            else f"{r.direction} is better, {100 * (r.tolerance or 0):g} %"
+            + (", required" if r.required else "")
         )
     return out
 
@@ -73,7 +75,13 @@ def evals_page(request: Request, pool: PoolDep) -> Response:
         ).fetchall()
         items = []
         for a in rows:
-            current, _ = _against(conn, a)
+            current, _ = _against(
+                conn,
+                status=a["status"],
+                previous_prod_id=a["previous_prod_id"],
+                tenant_id=a["tenant_id"],
+                route=a["route"],
+            )
             found = adapters.blockers(conn, candidate=a["id"], current=current)
             items.append((a, current, found))
     return page(request, "evals.html", title="evals", active=ACTIVE, items=items)
@@ -89,7 +97,13 @@ def adapter_evals_page(adapter_id: str, request: Request, pool: PoolDep) -> Resp
         adapter = adapters.get_adapter(conn, adapter_id=adapter_id)
         if adapter is None:
             return not_found(request, f"adapter {adapter_id}", ACTIVE)
-        current, role = _against(conn, adapter)
+        current, role = _against(
+            conn,
+            status=adapter.status,
+            previous_prod_id=adapter.previous_prod_id,
+            tenant_id=adapter.tenant_id,
+            route=adapter.route,
+        )
         found = adapters.blockers(conn, candidate=adapter_id, current=current)
         rules = _rules(conn, adapter)
         results = conn.execute(
@@ -104,10 +118,10 @@ def adapter_evals_page(adapter_id: str, request: Request, pool: PoolDep) -> Resp
     why: dict[tuple[str, str], list[str]] = {}
     general = []
     for b in found:
-        if b["suite_id"] is None:
-            general.append(b["reason"])
+        if b.suite_id is None or b.metric is None:
+            general.append(b.reason)
         else:
-            why.setdefault((b["suite_id"], b["metric"]), []).append(b["reason"])
+            why.setdefault((b.suite_id, b.metric), []).append(b.reason)
     keys = sorted(set(cand) | set(prod) | {k for k in why if k[0]})
 
     rows = []

@@ -3,7 +3,6 @@ the arms and canary-vs-prod comparisons with the verdict."""
 
 from __future__ import annotations
 
-from datetime import datetime, timedelta
 from typing import Any
 
 from fastapi import APIRouter, Request
@@ -42,9 +41,7 @@ def experiment_page(
     delta = experiments.parse_window(window)
     with tenant(key, pool) as conn:
         m = experiments.metrics(conn, name=name, window=delta)
-        rows = experiments.series(
-            conn, name=name, since=m["since"], until=m["until"], bucket=bucket
-        )
+        rows = experiments.series(conn, name=name, since=m.since, until=m.until, bucket=bucket)
     thumbs = line_chart(
         _series_by_arm(rows, "thumbs_up_rate", "thumbs_up_ci_low", "thumbs_up_ci_high"),
         title="thumbs-up rate (95 % Wilson band)",
@@ -70,7 +67,7 @@ def experiment_page(
     regen = line_chart(
         _series_by_arm(rows, "regen_rate"), title="regeneration rate", chart_id="chart-regen"
     )
-    since = m["since"] if isinstance(m["since"], datetime) else datetime.now() - timedelta(days=7)
+    since = m.since
     return page(
         request,
         "experiment.html",

@@ -68,9 +68,7 @@ def lineage_page(adapter_id: str, request: Request, pool: PoolDep) -> Response:
         ).fetchall()
         sources = conn.execute(SOURCES_SQL, (adapter_id,)).fetchone() or {}
         run = (
-            training.get(conn, run_id=adapter["training_run_id"])
-            if adapter["training_run_id"]
-            else None
+            training.get(conn, run_id=adapter.training_run_id) if adapter.training_run_id else None
         )
         decisions = conn.execute(
             "SELECT decided_at, experiment, control_id, action, code, metric, reason, numbers"

@@ -112,25 +112,25 @@ def _count(v: Any) -> str:
 def _loop_panel(conn: Any, tenant_id: int, route: str) -> dict[str, Any]:
     """One route's loop: policy, triggers with their values, the current cycle, the history."""
     st = loop.status(conn, tenant_id=tenant_id, route=route)
-    p = st["policy"]
+    p = st.policy
     fields = [f for f in LOOP_FIELDS_FIRST if f in p] + [
         f for f in loop.POLICY_FIELDS if f in p and f not in LOOP_FIELDS_FIRST
     ]
     cycles = []
-    for c in st["cycles"][:10]:
-        full = loop.get_cycle(conn, cycle_id=int(c["id"])) or c
+    for c in st.cycles[:10]:
+        full = (loop.get_cycle(conn, cycle_id=c.id) or c).model_extra or {}
         numbers = _numbers(full.get("experiment")) + _numbers(full.get("watch"), "watch.")
         cycles.append({"cycle": c, "numbers": "; ".join(numbers)})
     return {
         "route": route,
-        "switch": st["control"],
+        "switch": st.control,
         "policy": [(f, _count(p[f])) for f in fields],
         "triggers": [
-            t | {"value_text": _count(t["value"]), "threshold_text": _count(t["threshold"])}
-            for t in st["triggers"]
+            t.model_dump() | {"value_text": _count(t.value), "threshold_text": _count(t.threshold)}
+            for t in st.triggers
         ],
-        "blocking": "; ".join(x["line"] for x in st["limits"] if x["blocking"]),
-        "current": st["current_cycle"],
+        "blocking": "; ".join(x.line for x in st.limits if x.blocking),
+        "current": st.current_cycle,
         "cycles": cycles,
     }
 

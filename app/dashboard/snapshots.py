@@ -14,6 +14,7 @@ from fastapi.responses import Response
 from app.dashboard.layout import PoolDep, login_page, not_found, page, reader, tenant
 from app.dashboard.templating import num, url
 from app.datasets import service as datasets
+from app.datasets.schemas import SnapshotOut
 
 router = APIRouter(include_in_schema=False)
 
@@ -45,11 +46,11 @@ def snapshots_page(request: Request, pool: PoolDep) -> Response:
     return page(request, "snapshots.html", title="snapshots", active=ACTIVE, snaps=snaps)
 
 
-def _funnel(snap: dict[str, Any]) -> dict[str, Any]:
+def _funnel(snap: SnapshotOut) -> dict[str, Any]:
     """The count after each step of train.create_snapshot, what each dropped, how long it took."""
-    counts, step_ms = snap["counts"], (snap["params"] or {}).get("step_ms") or {}
+    counts, step_ms = snap.counts, (snap.params or {}).get("step_ms") or {}
     steps = [(k, label, counts.get(k)) for k, label in STEPS if k in counts]
-    steps.append(("examples", "examples written (train + eval)", snap["n_train"] + snap["n_eval"]))
+    steps.append(("examples", "examples written (train + eval)", snap.n_train + snap.n_eval))
     top = max([int(n) for _, _, n in steps if n is not None] + [1])
     rows, prev = [], None
     for k, label, n in steps:
@@ -163,10 +164,10 @@ def snapshot_page(
     return page(
         request,
         "snapshot.html",
-        title=f"snapshot {str(snap['id'])[:8]}",
+        title=f"snapshot {str(snap.id)[:8]}",
         active=ACTIVE,
         snap=snap,
-        params=snap["params"] or {},
+        params=snap.params or {},
         runs=runs,
         funnel=_funnel(snap),
         splits=[(url(base, split=v), label) for v, label in SPLITS],

@@ -19,7 +19,7 @@ router = APIRouter(prefix="/v1/datasets", tags=["datasets"])
 @router.post("/snapshots", status_code=201)
 def create_snapshot(body: SnapshotCreate, conn: TenantConn, key: TrainerKey) -> SnapshotOut:
     """Freeze the caller's traffic on one route into an immutable, deduplicated snapshot."""
-    snap = datasets.create_snapshot(
+    return datasets.create_snapshot(
         conn,
         tenant_id=key.tenant_id,
         route=body.route,
@@ -32,14 +32,12 @@ def create_snapshot(body: SnapshotCreate, conn: TenantConn, key: TrainerKey) -> 
         created_by=f"api-key:{key.prefix}",
         refresh=body.refresh,
     )
-    return SnapshotOut.model_validate(snap)
 
 
 @router.get("/snapshots/{snapshot_id}")
 def read_snapshot(snapshot_id: str, conn: TenantConn, key: ReaderKey) -> SnapshotOut:
     """One snapshot of the caller's tenant."""
-    snap = datasets.get_snapshot_or_raise(conn, snapshot_id=snapshot_id, tenant_id=key.tenant_id)
-    return SnapshotOut.model_validate(snap)
+    return datasets.get_snapshot_or_raise(conn, snapshot_id=snapshot_id, tenant_id=key.tenant_id)
 
 
 @router.get(

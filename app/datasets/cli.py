@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import sys
 from datetime import UTC, datetime, timedelta
@@ -111,7 +112,7 @@ def _snapshot(args: argparse.Namespace) -> int:
     except CftError as exc:
         print(f"error: {exc.message}", file=sys.stderr)
         return 2
-    out = {k: snap[k] for k in ("id", "method", "n_train", "n_eval", "set_hash", "counts")}
+    out = {k: getattr(snap, k) for k in ("id", "method", "n_train", "n_eval", "set_hash", "counts")}
     print(json.dumps(out, default=str, indent=2))
     return 0
 
@@ -155,9 +156,8 @@ def _verify(args: argparse.Namespace) -> int:
     except CftError as exc:
         print(f"error: {exc.message}", file=sys.stderr)
         return 2
-    print(json.dumps(result))
-    ok = result["set_hash_ok"] and result["examples_ok"] and result["split_ok"]
-    return 0 if ok else 1
+    print(json.dumps(dataclasses.asdict(result)))
+    return 0 if result.ok else 1
 
 
 def _refresh(args: argparse.Namespace) -> int:

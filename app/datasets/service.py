@@ -11,6 +11,7 @@ sft `{"messages"}`, dpo/orpo/simpo `{"prompt", "chosen", "rejected"}`, kto
 from __future__ import annotations
 
 from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
 from datetime import datetime
 from pathlib import Path
 from typing import IO, Any
@@ -21,6 +22,7 @@ from app.core.db import Connection
 from app.core.errors import BadRequest, Conflict, Forbidden, NotFound
 from app.datasets import formats
 from app.datasets.methods import METHODS
+from app.datasets.schemas import SnapshotOut
 
 SPLITS = ("train", "eval")
 DEFAULT_DEDUP_THRESHOLD = 0.1
@@ -36,6 +38,22 @@ _SNAPSHOT_COLUMNS = (
     "id, tenant_id, route, method, query_sql, params, counts, n_train, n_eval, set_hash,"
     " created_by, created_at, tainted_at, tainted_reason"
 )
+
+
+@dataclass(frozen=True)
+class SnapshotCheck:
+    """A snapshot's stored examples checked again (train.verify_snapshot): each *_ok says
+    whether the recomputed value equals the stored one."""
+
+    set_hash_ok: bool
+    examples_ok: bool
+    split_ok: bool
+    n_examples: int
+
+    @property
+    def ok(self) -> bool:
+        """Every check holds."""
+        return self.set_hash_ok and self.examples_ok and self.split_ok
 
 
 def _check_method(method: str) -> None:
@@ -67,7 +85,7 @@ def create_snapshot(
     neighbours: int = DEFAULT_NEIGHBOURS,
     created_by: str | None = None,
     refresh: bool = True,
-) -> dict[str, Any]:
+) -> SnapshotOut:
     """Build, deduplicate, split and freeze one snapshot; returns its row (without examples)."""
     _check_method(method)
     args = (
@@ -105,10 +123,10 @@ def create_snapshot(
     except psycopg.errors.InsufficientPrivilege as exc:
         raise Forbidden(_first_line(exc)) from exc
     assert row is not None
-    return _as_dict(row)
+    return SnapshotOut.model_validate(_as_dict(row))
 
 
-def get_snapshot(conn: Connection, *, snapshot_id: str) -> dict[str, Any] | None:
+def get_snapshot(conn: Connection, *, snapshot_id: str) -> SnapshotOut | None:
     """One snapshot (visible to the connection's tenant under RLS), or None."""
     try:
         row = conn.execute(
@@ -117,25 +135,25 @@ def get_snapshot(conn: Connection, *, snapshot_id: str) -> dict[str, Any] | None
         ).fetchone()
     except psycopg.errors.InvalidTextRepresentation:
         return None
-    return _as_dict(row) if row else None
+    return SnapshotOut.model_validate(_as_dict(row)) if row else None
 
 
 def get_snapshot_or_raise(
     conn: Connection, *, snapshot_id: str, tenant_id: int | None = None
-) -> dict[str, Any]:
+) -> SnapshotOut:
     """One snapshot, or NotFound (also when it belongs to another tenant)."""
     snap = get_snapshot(conn, snapshot_id=snapshot_id)
-    if snap is None or (tenant_id is not None and snap["tenant_id"] != tenant_id):
+    if snap is None or (tenant_id is not None and snap.tenant_id != tenant_id):
         raise NotFound(f"dataset snapshot {snapshot_id} not found", code="snapshot_not_found")
     return snap
 
 
-def verify_snapshot(conn: Connection, *, snapshot_id: str) -> dict[str, Any]:
+def verify_snapshot(conn: Connection, *, snapshot_id: str) -> SnapshotCheck:
     """Recompute set_hash, example hashes and split from the stored examples."""
     row = conn.execute("SELECT * FROM train.verify_snapshot(%s)", (snapshot_id,)).fetchone()
     if row is None:
         raise NotFound(f"dataset snapshot {snapshot_id} not found", code="snapshot_not_found")
-    return _as_dict(row)
+    return SnapshotCheck(**_as_dict(row))
 
 
 def iter_examples(conn: Connection, *, snapshot_id: str, split: str) -> Iterator[dict[str, Any]]:
@@ -169,7 +187,7 @@ def export_lines(
 ) -> list[str]:
     """One split as JSONL lines in fmt (BadRequest when fmt does not fit the snapshot)."""
     snap = get_snapshot_or_raise(conn, snapshot_id=str(snapshot_id), tenant_id=tenant_id)
-    formats.check(fmt, snap["method"])
+    formats.check(fmt, snap.method)
     if fmt == "parquet":
         raise BadRequest("parquet is not a JSONL format", code="format_mismatch", param="format")
     examples = iter_examples(conn, snapshot_id=str(snapshot_id), split=split)

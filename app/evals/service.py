@@ -14,6 +14,7 @@ from psycopg.types.json import Jsonb
 
 from app.core.db import as_key, owning_tenant
 from app.core.errors import BadRequest, Conflict, NotFound
+from app.evals.schemas import CalibrationCaseOut, EvalRequestOut, JudgeCalibrationOut, SuiteOut
 
 # A judge's verdict on a calibration case reads as "acceptable" at this score or above (0-10).
 CALIBRATION_THRESHOLD = 5.0
@@ -26,7 +27,7 @@ def rubric_version(rubric: str) -> str:
 
 def create_suite(
     conn: Connection, *, tenant_id: int, suite: dict[str, Any], key_id: int | None = None
-) -> dict[str, Any]:
+) -> SuiteOut:
     """Store a suite, its cases and its calibration set; a taken id is a Conflict."""
     if key_id is not None:
         as_key(conn, key_id)  # the calibration labels' author
@@ -84,7 +85,7 @@ def create_suite(
     return get_suite_or_raise(conn, tenant_id=tenant_id, suite_id=suite["id"])
 
 
-def get_suite_or_raise(conn: Connection, *, tenant_id: int, suite_id: str) -> dict[str, Any]:
+def get_suite_or_raise(conn: Connection, *, tenant_id: int, suite_id: str) -> SuiteOut:
     """One suite of the tenant with its cases, or NotFound."""
     cur = conn.cursor(row_factory=dict_row)
     key = (tenant_id, suite_id)
@@ -93,19 +94,22 @@ def get_suite_or_raise(conn: Connection, *, tenant_id: int, suite_id: str) -> di
     ).fetchone()
     if row is None:
         raise NotFound(f"eval suite {suite_id!r} not found", code="suite_not_found")
-    row["cases"] = cur.execute(
+    cases = cur.execute(
         "SELECT * FROM train.eval_case WHERE tenant_id = %s AND suite_id = %s ORDER BY id", key
     ).fetchall()
-    row["calibration"] = calibration_cases(conn, tenant_id=tenant_id, suite_id=suite_id)
-    row["calibrations"] = [
-        _finite(c)
-        for c in cur.execute(
-            "SELECT * FROM train.judge_calibration WHERE tenant_id = %s AND suite_id = %s"
-            " ORDER BY calibrated_at DESC, id DESC",
-            key,
-        ).fetchall()
-    ]
-    return row
+    calibrations = cur.execute(
+        "SELECT * FROM train.judge_calibration WHERE tenant_id = %s AND suite_id = %s"
+        " ORDER BY calibrated_at DESC, id DESC",
+        key,
+    ).fetchall()
+    return SuiteOut.model_validate(
+        row
+        | {
+            "cases": cases,
+            "calibration": calibration_cases(conn, tenant_id=tenant_id, suite_id=suite_id),
+            "calibrations": [_finite(c) for c in calibrations],
+        }
+    )
 
 
 def suite_tenant(conn: Connection, *, suite_id: str, tenant: str | None = None) -> int:
@@ -134,19 +138,22 @@ def _finite(row: dict[str, Any]) -> dict[str, Any]:
     return out
 
 
-def calibration_cases(conn: Connection, *, tenant_id: int, suite_id: str) -> list[dict[str, Any]]:
+def calibration_cases(
+    conn: Connection, *, tenant_id: int, suite_id: str
+) -> list[CalibrationCaseOut]:
     """A tenant's suite's human-labelled calibration set, oldest first."""
     cur = conn.cursor(row_factory=dict_row)
-    return cur.execute(
+    rows = cur.execute(
         "SELECT id, messages, answer, human_label, author FROM train.eval_calibration_case"
         " WHERE tenant_id = %s AND suite_id = %s ORDER BY id",
         (tenant_id, suite_id),
     ).fetchall()
+    return [CalibrationCaseOut.model_validate(r) for r in rows]
 
 
 def get_calibration(
     conn: Connection, *, tenant_id: int, suite_id: str, judge_model: str, rubric_version: str
-) -> dict[str, Any] | None:
+) -> JudgeCalibrationOut | None:
     """The latest calibration of one judge and rubric on a tenant's suite, or None."""
     cur = conn.cursor(row_factory=dict_row)
     row = cur.execute(
@@ -155,7 +162,7 @@ def get_calibration(
         " ORDER BY calibrated_at DESC, id DESC LIMIT 1",
         (tenant_id, suite_id, judge_model, rubric_version),
     ).fetchone()
-    return _finite(row) if row else None
+    return JudgeCalibrationOut.model_validate(_finite(row)) if row else None
 
 
 def record_calibration(
@@ -167,7 +174,7 @@ def record_calibration(
     rubric_version: str,
     verdicts: list[dict[str, Any]],
     threshold: float = CALIBRATION_THRESHOLD,
-) -> dict[str, Any]:
+) -> JudgeCalibrationOut:
     """Store a judge's verdicts on a suite's whole calibration set; SQL computes the agreement.
 
     verdicts: {"case_id", "score" (None: unparsable), "reply"} per case. Only the schema owner
@@ -179,12 +186,10 @@ def record_calibration(
         (tenant_id, suite_id, judge_model, rubric_version, Jsonb(verdicts), threshold),
     ).fetchone()
     assert row is not None
-    return _finite(row)
+    return JudgeCalibrationOut.model_validate(_finite(row))
 
 
-def list_suites(
-    conn: Connection, *, tenant_id: int, route: str | None = None
-) -> list[dict[str, Any]]:
+def list_suites(conn: Connection, *, tenant_id: int, route: str | None = None) -> list[SuiteOut]:
     """The tenant's suites (of one route: its own and the tenant-wide ones), with cases."""
     cur = conn.cursor(row_factory=dict_row)
     ids = cur.execute(
@@ -197,7 +202,7 @@ def list_suites(
 
 def request_evaluation(
     conn: Connection, *, tenant_id: int, adapter_id: str, actor: str
-) -> dict[str, Any]:
+) -> EvalRequestOut:
     """Queue an evaluation of an adapter (an open one is returned as is); NOTIFY cft_eval."""
     cur = conn.cursor(row_factory=dict_row)
     found = cur.execute("SELECT 1 FROM serve.adapter WHERE id = %s", (adapter_id,)).fetchone()
@@ -215,4 +220,4 @@ def request_evaluation(
             (adapter_id,),
         ).fetchone()
     assert row is not None
-    return row
+    return EvalRequestOut.model_validate(row)

@@ -16,7 +16,7 @@ router = APIRouter(tags=["experiments"])
 @router.get("/v1/experiments")
 def list_experiments(conn: TenantConn, key: ReaderKey) -> schemas.ExperimentList:
     """List the tenant's experiments seen in traffic."""
-    return schemas.ExperimentList.model_validate({"data": experiments.list_experiments(conn)})
+    return schemas.ExperimentList(data=experiments.list_experiments(conn))
 
 
 @router.get("/v1/experiments/{name}/metrics")
@@ -29,6 +29,4 @@ def read_metrics(
 ) -> schemas.MetricsOut:
     """Per-arm metrics and canary-versus-prod tests of an experiment over the last window."""
     delta = experiments.parse_window(window)
-    return schemas.MetricsOut.model_validate(
-        experiments.metrics(conn, name=name, window=delta, alpha=alpha)
-    )
+    return experiments.metrics(conn, name=name, window=delta, alpha=alpha)

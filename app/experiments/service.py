@@ -7,11 +7,13 @@ from __future__ import annotations
 
 import math
 import re
+from dataclasses import dataclass, fields
 from datetime import datetime, timedelta
 from typing import Any
 
 from app.core.db import Connection
 from app.core.errors import BadRequest, NotFound
+from app.experiments.schemas import ArmOut, ComparisonOut, ExperimentOut, MetricsOut, VerdictOut
 
 WINDOW_RE = re.compile(r"^(\d{1,4})([mhdw])$")
 WINDOW_UNITS = {"m": "minutes", "h": "hours", "d": "days", "w": "weeks"}
@@ -33,6 +35,31 @@ def parse_window(window: str) -> timedelta:
     return delta
 
 
+@dataclass(frozen=True)
+class Decision:
+    """A decision of the experiment policy (a serve.experiment_decision row; id None: not
+    recorded, the same hold or block as the canary's last)."""
+
+    id: int | None
+    route: str
+    tenant_id: int
+    experiment: str
+    canary_id: str
+    control_id: str | None
+    action: str
+    code: str
+    metric: str
+    reason: str
+    numbers: dict[str, Any]
+    decided_by: str
+    decided_at: datetime
+
+    @classmethod
+    def from_row(cls, row: Any) -> Decision:
+        """A decision from a row of serve.experiment_decision."""
+        return cls(**{f.name: row[f.name] for f in fields(cls)})
+
+
 def _finite(row: dict[str, Any]) -> dict[str, Any]:
     """NaN and infinities become None, so the row is valid JSON."""
     return {
@@ -40,24 +67,24 @@ def _finite(row: dict[str, Any]) -> dict[str, Any]:
     }
 
 
-def list_experiments(conn: Connection) -> list[dict[str, Any]]:
+def list_experiments(conn: Connection) -> list[ExperimentOut]:
     """Experiments visible to the connection, most recently active first."""
     rows = conn.execute(
         "SELECT experiment AS name, tenant_id, route, n, variants, adapters, first_at, last_at,"
         " running FROM obs.experiment ORDER BY last_at DESC, experiment"
     ).fetchall()
-    return [_finite(r) for r in rows]
+    return [ExperimentOut.model_validate(_finite(r)) for r in rows]
 
 
-def get_experiment(conn: Connection, *, name: str) -> dict[str, Any] | None:
+def get_experiment(conn: Connection, *, name: str) -> ExperimentOut | None:
     """One experiment, or None."""
     for row in list_experiments(conn):
-        if row["name"] == name:
+        if row.name == name:
             return row
     return None
 
 
-def get_experiment_or_raise(conn: Connection, *, name: str) -> dict[str, Any]:
+def get_experiment_or_raise(conn: Connection, *, name: str) -> ExperimentOut:
     """One experiment, or NotFound."""
     row = get_experiment(conn, name=name)
     if row is None:
@@ -67,22 +94,22 @@ def get_experiment_or_raise(conn: Connection, *, name: str) -> dict[str, Any]:
 
 def arms(
     conn: Connection, *, name: str, since: datetime, until: datetime, alpha: float = 0.05
-) -> list[dict[str, Any]]:
+) -> list[ArmOut]:
     """Per-arm metrics (obs.experiment_arms)."""
     rows = conn.execute(
         "SELECT * FROM obs.experiment_arms(%s, %s, %s, %s)", (name, since, until, alpha)
     ).fetchall()
-    return [_finite(r) for r in rows]
+    return [ArmOut.model_validate(_finite(r)) for r in rows]
 
 
 def compare(
     conn: Connection, *, name: str, since: datetime, until: datetime, alpha: float = 0.05
-) -> list[dict[str, Any]]:
+) -> list[ComparisonOut]:
     """Canary versus prod per metric (obs.experiment_compare)."""
     rows = conn.execute(
         "SELECT * FROM obs.experiment_compare(%s, %s, %s, %s)", (name, since, until, alpha)
     ).fetchall()
-    return [_finite(r) for r in rows]
+    return [ComparisonOut.model_validate(_finite(r)) for r in rows]
 
 
 def series(
@@ -98,44 +125,42 @@ def series(
 
 
 def verdicts(
-    comparisons: list[dict[str, Any]], *, metric: str = "feedback_mean"
-) -> list[dict[str, Any]]:
+    comparisons: list[ComparisonOut], *, metric: str = "feedback_mean"
+) -> list[VerdictOut]:
     """One plain-words verdict per canary arm, on metric (fixed-horizon: for reading only)."""
     out = []
     for c in comparisons:
-        if c["metric"] != metric:
+        if c.metric != metric:
             continue
-        if c["p_value"] is None:
+        if c.p_value is None:
             verdict, words = "no_data", "not enough data to test"
-        elif c["significant"] and c["canary_better"]:
+        elif c.significant and c.canary_better:
             verdict, words = "canary_better", "canary significantly better"
-        elif c["significant"]:
+        elif c.significant:
             verdict, words = "canary_worse", "canary significantly worse"
-        elif (c["n_more_needed"] or 0) > 0:
+        elif (c.n_more_needed or 0) > 0:
             verdict = "collecting"
-            words = f"no significant difference yet; about {c['n_more_needed']} more per arm needed"
+            words = f"no significant difference yet; about {c.n_more_needed} more per arm needed"
         else:
             verdict, words = "no_difference", "no significant difference at this sample size"
         out.append(
-            {
-                "canary_variant": c["canary_variant"],
-                "canary_adapter": c["canary_adapter"],
-                "control_adapter": c["control_adapter"],
-                "metric": metric,
-                "verdict": verdict,
-                "summary": words,
-                "diff": c["diff"],
-                "diff_ci_low": c["diff_ci_low"],
-                "diff_ci_high": c["diff_ci_high"],
-                "p_value": c["p_value"],
-            }
+            VerdictOut(
+                canary_variant=c.canary_variant,
+                canary_adapter=c.canary_adapter,
+                control_adapter=c.control_adapter,
+                metric=metric,
+                verdict=verdict,
+                summary=words,
+                diff=c.diff,
+                diff_ci_low=c.diff_ci_low,
+                diff_ci_high=c.diff_ci_high,
+                p_value=c.p_value,
+            )
         )
     return out
 
 
-def metrics(
-    conn: Connection, *, name: str, window: timedelta, alpha: float = 0.05
-) -> dict[str, Any]:
+def metrics(conn: Connection, *, name: str, window: timedelta, alpha: float = 0.05) -> MetricsOut:
     """Arms, comparisons and verdicts of an experiment over the last window."""
     get_experiment_or_raise(conn, name=name)
     now = conn.execute("SELECT now() AS now").fetchone()
@@ -143,24 +168,24 @@ def metrics(
     until: datetime = now["now"] + timedelta(seconds=1)
     since = until - window
     cmp = compare(conn, name=name, since=since, until=until, alpha=alpha)
-    return {
-        "experiment": name,
-        "since": since,
-        "until": until,
-        "alpha": alpha,
-        "arms": arms(conn, name=name, since=since, until=until, alpha=alpha),
-        "comparisons": cmp,
-        "verdicts": verdicts(cmp),
-    }
+    return MetricsOut(
+        experiment=name,
+        since=since,
+        until=until,
+        alpha=alpha,
+        arms=arms(conn, name=name, since=since, until=until, alpha=alpha),
+        comparisons=cmp,
+        verdicts=verdicts(cmp),
+    )
 
 
-def run_policy(conn: Connection, *, tenant_id: int, route: str) -> list[dict[str, Any]]:
+def run_policy(conn: Connection, *, tenant_id: int, route: str) -> list[Decision]:
     """Apply the tenant's route's experiment policy now (serve.experiment_autopolicy); its
     decisions."""
     rows = conn.execute(
         "SELECT * FROM serve.experiment_autopolicy(%s, %s)", (tenant_id, route)
     ).fetchall()
-    return list(rows)
+    return [Decision.from_row(r) for r in rows]
 
 
 def policy_routes(conn: Connection) -> list[tuple[int, str]]:
@@ -169,14 +194,12 @@ def policy_routes(conn: Connection) -> list[tuple[int, str]]:
     return [(int(r["tenant_id"]), str(r["route"])) for r in rows]
 
 
-def decisions(conn: Connection, *, limit: int = 50) -> list[dict[str, Any]]:
+def decisions(conn: Connection, *, limit: int = 50) -> list[Decision]:
     """The policy's most recent recorded decisions."""
     rows = conn.execute(
-        "SELECT id, route, experiment, canary_id, control_id, action, code, metric, reason,"
-        " decided_by, decided_at FROM serve.experiment_decision ORDER BY id DESC LIMIT %s",
-        (limit,),
+        "SELECT * FROM serve.experiment_decision ORDER BY id DESC LIMIT %s", (limit,)
     ).fetchall()
-    return list(rows)
+    return [Decision.from_row(r) for r in rows]
 
 
 def registry(conn: Connection) -> dict[str, list[dict[str, Any]]]:

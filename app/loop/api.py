@@ -32,25 +32,25 @@ def put_loop(name: str, body: LoopPolicyIn, conn: TenantConn, key: PolicyKey) ->
         actor=f"key {key.prefix}",
         role=key.role,
     )
-    return LoopStatusOut(**loop.status(conn, tenant_id=key.tenant_id, route=name))
+    return loop.status(conn, tenant_id=key.tenant_id, route=name)
 
 
 @router.get("/v1/routes/{name}/loop")
 def get_loop(name: str, conn: TenantConn, key: ReaderKey) -> LoopStatusOut:
     """The route's loop: policy, the live value of every trigger and limit, cycles."""
-    return LoopStatusOut(**loop.status(conn, tenant_id=key.tenant_id, route=name))
+    return loop.status(conn, tenant_id=key.tenant_id, route=name)
 
 
 @router.get("/v1/loop/cycles/{cycle_id}")
 def get_cycle(cycle_id: int, conn: TenantConn, key: ReaderKey) -> CycleOut:
     """One cycle with every transition and the numbers it used."""
-    return CycleOut(**loop.get_cycle_or_raise(conn, cycle_id=cycle_id))
+    return loop.get_cycle_or_raise(conn, cycle_id=cycle_id)
 
 
 @router.get("/v1/loop/control")
 def get_control(conn: TenantConn, key: ReaderKey) -> dict[str, Any]:
     """The global kill switch."""
-    return loop.jsonable(loop.get_control(conn))  # type: ignore[no-any-return]
+    return loop.get_control(conn).as_json()
 
 
 def _platform_conn(pool: Annotated[Pool, Depends(get_pool)]) -> Iterator[Connection]:
@@ -67,5 +67,4 @@ def put_control(
 ) -> dict[str, Any]:
     """Stop (paused: true, with a reason) or resume every tenant's loop cycles from starting:
     the platform's switch, so an operator key's, never a tenant's."""
-    row = loop.set_control(conn, paused=body.paused, reason=body.reason, actor=key.actor)
-    return loop.jsonable(row)  # type: ignore[no-any-return]
+    return loop.set_control(conn, paused=body.paused, reason=body.reason, actor=key.actor).as_json()

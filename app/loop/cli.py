@@ -101,9 +101,9 @@ def _status(args: argparse.Namespace) -> int:
         print(exc.message, file=sys.stderr)
         return 1
     if args.json:
-        print(json.dumps(st, default=str, indent=2))
+        print(json.dumps(st.model_dump(exclude_unset=True), default=str, indent=2))
         return 0
-    p, k = st["policy"], st["control"]
+    p, k = st.policy, st.control
     state = "enabled" if p["enabled"] else "disabled"
     if p["paused"]:
         state += f", paused ({p['paused_reason']})"
@@ -112,19 +112,19 @@ def _status(args: argparse.Namespace) -> int:
         + ("; STOPPED EVERYWHERE: " + str(k["reason"]) if k["paused"] else "")
     )
     print("triggers:")
-    for t in st["triggers"]:
-        print(f"  {t['trigger']:<9} {t['line']}")
-    held = [lim for lim in st["limits"] if lim["blocking"]]
+    for t in st.triggers:
+        print(f"  {t.trigger:<9} {t.line}")
+    held = [lim for lim in st.limits if lim.blocking]
     print("limits holding a new cycle:" + ("" if held else " none"))
     for lim in held:
-        print(f"  {lim['limit_name']:<22} {lim['line']}")
-    cur = st["current_cycle"]
+        print(f"  {lim.limit_name:<22} {lim.line}")
+    cur = st.current_cycle
     if cur:
-        print(f"current cycle {cur['id']}: {cur['state']} ({cur['trigger']}, {cur['method']})"
-              + (f"; {cur['waiting_for']}" if cur["waiting_for"] else ""))  # fmt: skip
-    for c in st["cycles"][:10]:
-        print(f"  cycle {c['id']}: {c['state']:<11} {c['trigger']:<8} {c['method'] or '-':<5}"
-              f" {c['decision_reason'] or c['error'] or ''}")  # fmt: skip
+        print(f"current cycle {cur.id}: {cur.state} ({cur.trigger}, {cur.method})"
+              + (f"; {cur.waiting_for}" if cur.waiting_for else ""))  # fmt: skip
+    for c in st.cycles[:10]:
+        print(f"  cycle {c.id}: {c.state:<11} {c.trigger:<8} {c.method or '-':<5}"
+              f" {c.decision_reason or c.error or ''}")  # fmt: skip
     return 0
 
 

@@ -3,8 +3,11 @@
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
+from datetime import datetime
+from decimal import Decimal
 from typing import Any
+from uuid import UUID
 
 from psycopg.types.json import Jsonb
 
@@ -23,6 +26,75 @@ class Outcome:
     delay_s: float = 0.0
 
 
+@dataclass(frozen=True)
+class Cycle:
+    """A loop.cycle row (sql/state/loop/cycle.sql says what each column holds). When a worker
+    steps it, policy is the route's effective policy now, intervals in seconds."""
+
+    id: int
+    tenant_id: int
+    route: str
+    state: str
+    trigger: str
+    trigger_values: dict[str, Any]
+    policy: dict[str, Any]
+    signal_counts: dict[str, Any] | None
+    method: str | None
+    method_reason: str | None
+    hyperparameters: dict[str, Any] | None
+    snapshot_id: UUID | None
+    snapshot_counts: dict[str, Any] | None
+    n_train: int | None
+    n_eval: int | None
+    training_run_id: UUID | None
+    adapter_id: str | None
+    current_prod_id: str | None
+    eval_scores: dict[str, Any] | None
+    blockers: list[dict[str, Any]] | None
+    canary_pct: Decimal | None
+    canary_started_at: datetime | None
+    experiment: dict[str, Any] | None
+    decision: str | None
+    decision_code: str | None
+    decision_reason: str | None
+    previous_prod_id: str | None
+    promoted_at: datetime | None
+    watch_until: datetime | None
+    watch: dict[str, Any] | None
+    forget_request_id: int | None
+    error: str | None
+    waiting_for: str | None
+    worker_id: str | None
+    lease_until: datetime | None
+    attempts: int
+    max_attempts: int
+    next_step_at: datetime
+    state_entered_at: datetime
+    created_at: datetime
+    updated_at: datetime
+    finished_at: datetime | None
+    settings_tried: list[dict[str, Any]] | None
+
+    @classmethod
+    def from_row(cls, row: Any) -> Cycle:
+        """A cycle from a row of loop.cycle (or a function returning SETOF loop.cycle)."""
+        return cls(**{f.name: row[f.name] for f in fields(cls)})
+
+    @property
+    def candidate(self) -> str:
+        """The cycle's adapter; a step that needs one before training made it is a bug."""
+        if self.adapter_id is None:
+            raise ValueError(f"loop cycle {self.id} in state {self.state} has no adapter")
+        return self.adapter_id
+
+    @property
+    def chosen_method(self) -> str:
+        """The cycle's training method; a step that needs one before it was chosen is a bug."""
+        if self.method is None:
+            raise ValueError(f"loop cycle {self.id} in state {self.state} has no method")
+        return self.method
+
+
 def _json(value: Any) -> Jsonb:
     """jsonb of a step's values (timestamps and ids as text, as PostgreSQL reads them back)."""
     return Jsonb(jsonable(value), dumps=lambda v: json.dumps(v, default=str))
@@ -32,20 +104,28 @@ def _seconds(s: float) -> str:
     return f"{s} seconds"
 
 
-def start_due(conn: Connection) -> list[dict[str, Any]]:
+def start_due(conn: Connection) -> list[Cycle]:
     """Start every cycle that is due now (triggers fired, no limit holds)."""
-    return list(conn.execute("SELECT * FROM loop.start_due_cycles()").fetchall())
+    return [Cycle.from_row(r) for r in conn.execute("SELECT * FROM loop.start_due_cycles()")]
 
 
-def claim(conn: Connection, *, worker_id: str, lease_s: float) -> dict[str, Any] | None:
+def claim(conn: Connection, *, worker_id: str, lease_s: float) -> Cycle | None:
     """Claim one cycle whose next step is due, or None."""
-    row: dict[str, Any] | None = conn.execute(
+    row = conn.execute(
         "SELECT * FROM loop.claim_cycle(%s, %s::interval)", (worker_id, _seconds(lease_s))
     ).fetchone()
-    return row
+    return Cycle.from_row(row) if row else None
 
 
-def apply(conn: Connection, *, cycle_id: int, worker_id: str, outcome: Outcome) -> dict[str, Any]:
+def get(conn: Connection, *, cycle_id: int) -> Cycle:
+    """The cycle row now."""
+    row = conn.execute("SELECT * FROM loop.cycle WHERE id = %s", (cycle_id,)).fetchone()
+    if row is None:
+        raise LookupError(f"no loop cycle {cycle_id}")
+    return Cycle.from_row(row)
+
+
+def apply(conn: Connection, *, cycle_id: int, worker_id: str, outcome: Outcome) -> Cycle:
     """Record a step's outcome (advance or wait); returns the cycle row after it."""
     payload = _json(outcome.set)
     if outcome.to is None:
@@ -59,9 +139,7 @@ def apply(conn: Connection, *, cycle_id: int, worker_id: str, outcome: Outcome) 
             (cycle_id, worker_id, outcome.to, payload, _json(outcome.inputs),
              outcome.note or None),
         )  # fmt: skip
-    row = conn.execute("SELECT * FROM loop.cycle WHERE id = %s", (cycle_id,)).fetchone()
-    assert row is not None
-    return dict(row)
+    return get(conn, cycle_id=cycle_id)
 
 
 def fail_step(

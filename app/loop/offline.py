@@ -16,6 +16,7 @@ import math
 from dataclasses import dataclass, field
 from typing import Any
 
+from app.adapters.schemas import Blocker
 from app.core.db import Connection
 
 # Behavioural metrics and how to bring each to [0, 1].
@@ -61,7 +62,7 @@ def _results(conn: Connection, adapter_id: str) -> dict[tuple[str, str], float |
     return {(r["suite_id"], r["metric"]): _finite(r["score"]) for r in rows}
 
 
-def unscored(conn: Connection, adapter_id: str, blockers: list[dict[str, Any]]) -> list[str]:
+def unscored(conn: Connection, adapter_id: str, blockers: list[Blocker]) -> list[str]:
     """What the evaluator could not compute for the candidate (a NaN where there were no
     examples, a crash mid-way), as suite/metric names, from its results and the gate's
     blockers; empty when the evaluation is whole."""
@@ -72,8 +73,8 @@ def unscored(conn: Connection, adapter_id: str, blockers: list[dict[str, Any]]) 
         if metric in scored and score is None
     ]
     for b in blockers:
-        if str(b.get("reason") or "").startswith(UNSCORED_BLOCKERS):
-            bad.append(f"{b.get('suite_id')}/{b.get('metric')}: {b['reason']}")
+        if b.reason.startswith(UNSCORED_BLOCKERS):
+            bad.append(f"{b.suite_id}/{b.metric}: {b.reason}")
     return sorted(set(bad))
 
 

@@ -6,7 +6,8 @@ the caller's transaction (scoped to a tenant for the API, the owner for the CLI)
 from __future__ import annotations
 
 import math
-from datetime import timedelta
+from dataclasses import asdict, dataclass
+from datetime import datetime, timedelta
 from decimal import Decimal
 from typing import Any
 
@@ -16,6 +17,7 @@ from psycopg.types.json import Jsonb
 
 from app.core.db import Connection
 from app.core.errors import BadRequest, Forbidden, NotFound, Unprocessable
+from app.loop.schemas import CycleOut, LimitOut, LoopStatusOut, TriggerOut
 
 # The columns a policy write may name (loop.policy; route and tenant_id come from the path).
 POLICY_FIELDS = (
@@ -42,6 +44,21 @@ CYCLE_LIST_COLUMNS = (
     "id, route, state, trigger, method, decision, decision_code, decision_reason, waiting_for,"
     " error, adapter_id, snapshot_id, training_run_id, attempts, created_at, finished_at"
 )
+
+
+@dataclass(frozen=True)
+class Control:
+    """The kill switch (paused: no loop cycle starts anywhere) and the platform caps."""
+
+    paused: bool
+    reason: str | None
+    changed_by: str | None
+    changed_at: datetime
+    max_concurrent_training: int
+
+    def as_json(self) -> dict[str, Any]:
+        """The switch as the API shows it."""
+        return jsonable(asdict(self))  # type: ignore[no-any-return]
 
 
 def jsonable(value: Any) -> Any:
@@ -150,30 +167,28 @@ def write_policy(
     return get_policy(conn, tenant_id=tenant_id, route=route)
 
 
-def triggers(conn: Connection, *, tenant_id: int, route: str) -> list[dict[str, Any]]:
+def triggers(conn: Connection, *, tenant_id: int, route: str) -> list[TriggerOut]:
     """The live value of every trigger of the tenant's route."""
     rows = conn.execute("SELECT * FROM loop.triggers(%s, %s)", (tenant_id, route)).fetchall()
-    return [jsonable(dict(r)) for r in rows]
+    return [TriggerOut(**jsonable(dict(r))) for r in rows]
 
 
-def limits(conn: Connection, *, tenant_id: int, route: str) -> list[dict[str, Any]]:
+def limits(conn: Connection, *, tenant_id: int, route: str) -> list[LimitOut]:
     """Every limit of the tenant's route now (blocking = it holds a new cycle back)."""
     rows = conn.execute("SELECT * FROM loop.limits(%s, %s)", (tenant_id, route)).fetchall()
-    return [jsonable(dict(r)) for r in rows]
+    return [LimitOut(**jsonable(dict(r))) for r in rows]
 
 
-def get_control(conn: Connection) -> dict[str, Any]:
+def get_control(conn: Connection) -> Control:
     """The kill switch and the platform caps."""
     row = conn.execute(
         "SELECT paused, reason, changed_by, changed_at, max_concurrent_training FROM loop.control"
     ).fetchone()
     assert row is not None
-    return dict(row)
+    return Control(**row)
 
 
-def set_control(
-    conn: Connection, *, paused: bool, reason: str | None, actor: str
-) -> dict[str, Any]:
+def set_control(conn: Connection, *, paused: bool, reason: str | None, actor: str) -> Control:
     """Stop (paused) or resume every loop cycle from starting."""
     try:
         with conn.transaction():
@@ -183,19 +198,17 @@ def set_control(
     return get_control(conn)
 
 
-def list_cycles(
-    conn: Connection, *, tenant_id: int, route: str, limit: int = 20
-) -> list[dict[str, Any]]:
+def list_cycles(conn: Connection, *, tenant_id: int, route: str, limit: int = 20) -> list[CycleOut]:
     """The tenant's route's cycles, newest first."""
     rows = conn.execute(
         f"SELECT {CYCLE_LIST_COLUMNS} FROM loop.cycle WHERE tenant_id = %s AND route = %s"
         " ORDER BY id DESC LIMIT %s",
         (tenant_id, route, limit),
     ).fetchall()
-    return [jsonable(dict(r)) for r in rows]
+    return [CycleOut(**jsonable(dict(r))) for r in rows]
 
 
-def get_cycle(conn: Connection, *, cycle_id: int) -> dict[str, Any] | None:
+def get_cycle(conn: Connection, *, cycle_id: int) -> CycleOut | None:
     """One cycle with its transitions, or None."""
     row = conn.execute("SELECT * FROM loop.cycle WHERE id = %s", (cycle_id,)).fetchone()
     if row is None:
@@ -205,10 +218,10 @@ def get_cycle(conn: Connection, *, cycle_id: int) -> dict[str, Any] | None:
         " WHERE cycle_id = %s ORDER BY id",
         (cycle_id,),
     ).fetchall()
-    return jsonable(dict(row) | {"events": [dict(e) for e in events]})  # type: ignore[no-any-return]
+    return CycleOut(**jsonable(dict(row) | {"events": [dict(e) for e in events]}))
 
 
-def get_cycle_or_raise(conn: Connection, *, cycle_id: int) -> dict[str, Any]:
+def get_cycle_or_raise(conn: Connection, *, cycle_id: int) -> CycleOut:
     """One cycle, or NotFound."""
     row = get_cycle(conn, cycle_id=cycle_id)
     if row is None:
@@ -216,18 +229,18 @@ def get_cycle_or_raise(conn: Connection, *, cycle_id: int) -> dict[str, Any]:
     return row
 
 
-def status(conn: Connection, *, tenant_id: int, route: str) -> dict[str, Any]:
+def status(conn: Connection, *, tenant_id: int, route: str) -> LoopStatusOut:
     """Everything about a tenant's route's loop: policy, triggers, limits, current cycle,
     history."""
     policy = get_policy(conn, tenant_id=tenant_id, route=route)
     cycles = list_cycles(conn, tenant_id=tenant_id, route=route)
-    current = next((c for c in cycles if c["state"] not in TERMINAL), None)
-    return {
-        "route": route,
-        "policy": policy,
-        "control": jsonable(get_control(conn)),
-        "triggers": triggers(conn, tenant_id=tenant_id, route=route),
-        "limits": limits(conn, tenant_id=tenant_id, route=route),
-        "current_cycle": current,
-        "cycles": cycles,
-    }
+    current = next((c for c in cycles if c.state not in TERMINAL), None)
+    return LoopStatusOut(
+        route=route,
+        policy=policy,
+        control=get_control(conn).as_json(),
+        triggers=triggers(conn, tenant_id=tenant_id, route=route),
+        limits=limits(conn, tenant_id=tenant_id, route=route),
+        current_cycle=current,
+        cycles=cycles,
+    )

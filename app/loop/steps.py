@@ -10,6 +10,7 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Callable
+from dataclasses import replace
 from datetime import UTC, datetime, timedelta
 from typing import Any
 from uuid import UUID
@@ -22,7 +23,7 @@ from app.core.errors import CftError
 from app.core.metrics import LOOP_CYCLES_FINISHED, LOOP_STATE_SECONDS
 from app.datasets import service as datasets
 from app.loop import cycles, decision, offline
-from app.loop.cycles import Outcome
+from app.loop.cycles import Cycle, Outcome
 from app.loop.method import (
     SETTINGS_LADDER,
     NothingToTeach,
@@ -30,7 +31,7 @@ from app.loop.method import (
     choose_method,
     hyperparameters,
 )
-from app.loop.service import jsonable
+from app.loop.service import TERMINAL, jsonable
 from app.training import service as training
 from app.training.methods import Hyperparameters
 from app.training.schemas import TrainingRunCreate
@@ -43,15 +44,15 @@ DECIDE_POLL_S = 15.0
 EVAL_TRIES = 3
 
 
-def _actor(c: dict[str, Any]) -> str:
-    return f"loop cycle {c['id']}"
+def _actor(c: Cycle) -> str:
+    return f"loop cycle {c.id}"
 
 
-def _counts(conn: Connection, c: dict[str, Any], since: datetime | None) -> SignalCounts:
+def _counts(conn: Connection, c: Cycle, since: datetime | None) -> SignalCounts:
     row = conn.execute(
         "SELECT edits, thumbs_up, thumbs_down, regen_pairs, pairs"
         " FROM loop.signal_counts(%s, %s, %s)",
-        (c["tenant_id"], c["route"], since),
+        (c.tenant_id, c.route, since),
     ).fetchone()
     assert row is not None
     return SignalCounts(**{k: int(v) for k, v in row.items()})
@@ -68,27 +69,27 @@ def _retire(conn: Connection, *, adapter_id: str, reason: str) -> None:
     conn.execute("SELECT set_config('cft.reason', '', true)")
 
 
-def step_triggered(conn: Connection, c: dict[str, Any]) -> Outcome:
+def step_triggered(conn: Connection, c: Cycle) -> Outcome:
     """Choose the method from the whole signal of the snapshot window (app.loop.method)."""
-    p = c["policy"]
+    p = c.policy
     datasets.refresh_candidates(conn)
     prev = conn.execute(
         "SELECT max(created_at) AS at FROM loop.cycle"
         " WHERE tenant_id = %s AND route = %s AND id < %s",
-        (c["tenant_id"], c["route"], c["id"]),
+        (c.tenant_id, c.route, c.id),
     ).fetchone()
     new = _counts(conn, c, prev["at"] if prev else None)
     total = _counts(conn, c, None)
     counts = {"new": new.as_dict(), "total": total.as_dict()}
-    prod_id = adapters.current_prod(conn, tenant_id=c["tenant_id"], route=c["route"])
+    prod_id = adapters.current_prod(conn, tenant_id=c.tenant_id, route=c.route)
     prod = adapters.get_adapter(conn, adapter_id=prod_id) if prod_id else None
     try:
         method, why = choose_method(
             total,
             pinned=p.get("method"),
             memory_tight=bool(p.get("memory_tight")),
-            trigger=c["trigger"],
-            prod_method=prod["method"] if prod else None,
+            trigger=c.trigger,
+            prod_method=prod.method if prod else None,
         )
     except NothingToTeach as exc:
         return Outcome(
@@ -110,44 +111,44 @@ def step_triggered(conn: Connection, c: dict[str, Any]) -> Outcome:
     )
 
 
-def step_snapshot(conn: Connection, c: dict[str, Any]) -> Outcome:
+def step_snapshot(conn: Connection, c: Cycle) -> Outcome:
     """Freeze a fresh snapshot (datasets service) and scale the hyperparameters to it."""
     snap = datasets.create_snapshot(
-        conn, tenant_id=c["tenant_id"], route=c["route"], method=c["method"], created_by=_actor(c)
+        conn, tenant_id=c.tenant_id, route=c.route, method=c.chosen_method, created_by=_actor(c)
     )
-    got = {"snapshot_id": str(snap["id"]), "snapshot_counts": snap["counts"],
-           "n_train": snap["n_train"], "n_eval": snap["n_eval"]}  # fmt: skip
-    if not snap["n_train"]:
+    got = {"snapshot_id": str(snap.id), "snapshot_counts": snap.counts,
+           "n_train": snap.n_train, "n_eval": snap.n_eval}  # fmt: skip
+    if not snap.n_train:
         return Outcome(
             "failed",
-            got | {"error": f"snapshot {snap['id']} has no {c['method']} training examples"},
+            got | {"error": f"snapshot {snap.id} has no {c.method} training examples"},
             got,
             "nothing to train on",
         )
-    hp = _settings(c, int(snap["n_train"]), attempt=0)
+    hp = _settings(c, snap.n_train, attempt=0)
     return Outcome(
         "training",
         got | {"hyperparameters": hp, "settings_tried": []},
         got | {"hyperparameters": hp},
-        f"snapshot {snap['id']}: {snap['n_train']} train / {snap['n_eval']} eval",
+        f"snapshot {snap.id}: {snap.n_train} train / {snap.n_eval} eval",
     )
 
 
-def _settings(c: dict[str, Any], n_train: int, *, attempt: int) -> dict[str, Any]:
+def _settings(c: Cycle, n_train: int, *, attempt: int) -> dict[str, Any]:
     """The settings of the cycle's attempt-th training run (the policy's overrides last)."""
-    overrides = (c["policy"] or {}).get("hyperparameters") or {}
-    return hyperparameters(c["method"], n_train, overrides, attempt=attempt)
+    overrides = (c.policy or {}).get("hyperparameters") or {}
+    return hyperparameters(c.chosen_method, n_train, overrides, attempt=attempt)
 
 
-def _training_slots(conn: Connection, c: dict[str, Any]) -> str | None:
+def _training_slots(conn: Connection, c: Cycle) -> str | None:
     row = conn.execute(
         "SELECT count(*) FILTER (WHERE tenant_id = %s) AS tenant, count(*) AS total"
         " FROM train.training_run WHERE status IN ('queued', 'running')",
-        (c["tenant_id"],),
+        (c.tenant_id,),
     ).fetchone()
     cap = conn.execute("SELECT max_concurrent_training AS n FROM loop.control").fetchone()
     assert row is not None and cap is not None
-    mine = int(c["policy"]["max_concurrent_training"])
+    mine = int(c.policy["max_concurrent_training"])
     if row["tenant"] >= mine:
         return f"waiting for a training slot: {row['tenant']} of {mine} runs of the tenant"
     if row["total"] >= cap["n"]:
@@ -155,24 +156,24 @@ def _training_slots(conn: Connection, c: dict[str, Any]) -> str | None:
     return None
 
 
-def step_training(conn: Connection, c: dict[str, Any]) -> Outcome:
+def step_training(conn: Connection, c: Cycle) -> Outcome:
     """Enqueue the run once (training service), then wait for the trainer."""
-    if c["training_run_id"] is None:
+    if c.training_run_id is None:
         busy = _training_slots(conn, c)
         if busy:
             return Outcome(None, note=busy, delay_s=POLL_S)
         body = TrainingRunCreate(
-            route=c["route"],
-            method=c["method"],
-            snapshot_id=c["snapshot_id"],
-            hyperparameters=Hyperparameters(**(c["hyperparameters"] or {})),
+            route=c.route,
+            method=c.method,
+            snapshot_id=c.snapshot_id,
+            hyperparameters=Hyperparameters(**(c.hyperparameters or {})),
         )
-        run = training.enqueue(conn, tenant_id=c["tenant_id"], body=body, actor=_actor(c))
+        run = training.enqueue(conn, tenant_id=c.tenant_id, body=body, actor=_actor(c))
         return Outcome(
             None, {"training_run_id": str(run.id)}, note=f"training run {run.id} queued",
             delay_s=POLL_S,
         )  # fmt: skip
-    run = training.get_or_raise(conn, run_id=UUID(str(c["training_run_id"])))
+    run = training.get_or_raise(conn, run_id=UUID(str(c.training_run_id)))
     if run.status == "succeeded":
         return Outcome(
             "evaluating", {"adapter_id": run.adapter_id},
@@ -189,47 +190,45 @@ def step_training(conn: Connection, c: dict[str, Any]) -> Outcome:
     return Outcome(None, note=f"training run {run.id} {run.status}{step}", delay_s=POLL_S)
 
 
-def _eval_retry(conn: Connection, c: dict[str, Any], why: str) -> Outcome:
+def _eval_retry(conn: Connection, c: Cycle, why: str) -> Outcome:
     """An evaluation that could not compute is the platform's failure, not the candidate's:
     evaluate again, and after EVAL_TRIES end the cycle `failed` (no cool-down follows)."""
     tries = conn.execute(
-        "SELECT count(*) AS n FROM train.eval_request WHERE adapter_id = %s", (c["adapter_id"],)
+        "SELECT count(*) AS n FROM train.eval_request WHERE adapter_id = %s", (c.candidate,)
     ).fetchone()
     n = int(tries["n"]) if tries else 0
     if n >= EVAL_TRIES:
-        _retire(conn, adapter_id=c["adapter_id"], reason=f"{_actor(c)}: evaluation failed")
+        _retire(conn, adapter_id=c.candidate, reason=f"{_actor(c)}: evaluation failed")
         return Outcome(
             "failed",
-            {"error": f"evaluation of {c['adapter_id']} could not compute after {n} tries: {why}"},
+            {"error": f"evaluation of {c.candidate} could not compute after {n} tries: {why}"},
             {"eval_error": why},
             "evaluation failed (the platform's, not the candidate's)",
         )
     conn.execute(
         "INSERT INTO train.eval_request (tenant_id, adapter_id, requested_by)"
         " VALUES (%s, %s, %s) ON CONFLICT DO NOTHING",
-        (c["tenant_id"], c["adapter_id"], f"{_actor(c)}: retry ({why})"[:500]),
+        (c.tenant_id, c.candidate, f"{_actor(c)}: retry ({why})"[:500]),
     )
     note = f"evaluating again ({n} of {EVAL_TRIES} tries): {why}"
     return Outcome(None, note=note, delay_s=POLL_S)
 
 
-def _tried(c: dict[str, Any], gain: offline.OfflineGain) -> list[dict[str, Any]]:
+def _tried(c: Cycle, gain: offline.OfflineGain) -> list[dict[str, Any]]:
     """The cycle's settings tried so far, with this run's (its held-out numbers and verdict)."""
     this = {
-        "hyperparameters": c["hyperparameters"],
-        "adapter_id": c["adapter_id"],
-        "training_run_id": str(c["training_run_id"]),
+        "hyperparameters": c.hyperparameters,
+        "adapter_id": c.candidate,
+        "training_run_id": str(c.training_run_id),
         "offline": gain.numbers,
         "gain": gain.ok,
         "reason": gain.reason,
         "kept": False,
     }
-    return [*(c.get("settings_tried") or []), this]
+    return [*(c.settings_tried or []), this]
 
 
-def _sweep(
-    conn: Connection, c: dict[str, Any], got: dict[str, Any], gain: offline.OfflineGain
-) -> Outcome:
+def _sweep(conn: Connection, c: Cycle, got: dict[str, Any], gain: offline.OfflineGain) -> Outcome:
     """The settings sweep: keep the best setting with a held-out gain so far (retire the
     others), train the next setting of the ladder while the best is unfinished, then open the
     canary with the best, or reject when no setting gained."""
@@ -243,11 +242,11 @@ def _sweep(
             )
         x["kept"] = x is best
     if best is not tried[-1]:
-        _retire(conn, adapter_id=c["adapter_id"], reason=f"{_actor(c)}: {gain.reason}")
+        _retire(conn, adapter_id=c.candidate, reason=f"{_actor(c)}: {gain.reason}")
     attempt = len(tried)
     more = attempt < len(SETTINGS_LADDER)
     if more and (best is None or offline.unfinished(best["offline"])):
-        hp = _settings(c, int(c["n_train"] or 1), attempt=attempt)
+        hp = _settings(c, int(c.n_train or 1), attempt=attempt)
         again = {
             "settings_tried": tried,
             "hyperparameters": hp,
@@ -287,90 +286,95 @@ def _sweep(
     return Outcome("canary", got | keep, got, f"{why}: {best['reason']}")
 
 
-def step_evaluating(conn: Connection, c: dict[str, Any]) -> Outcome:
+def step_evaluating(conn: Connection, c: Cycle) -> Outcome:
     """Wait for the evaluator's scores, ask the gate (adapters.blockers), then require an
     offline gain over what the route serves now before any user sees the candidate."""
     req = conn.execute(
         "SELECT status, error FROM train.eval_request WHERE adapter_id = %s"
         " ORDER BY id DESC LIMIT 1",
-        (c["adapter_id"],),
+        (c.candidate,),
     ).fetchone()
     if req is not None and req["status"] == "failed":
         return _eval_retry(conn, c, f"the evaluator failed: {req['error']}")
     if req is None or req["status"] != "done":
-        age = datetime.now(UTC) - c["state_entered_at"]
-        timeout = timedelta(seconds=float(c["policy"]["eval_timeout"]))
+        age = datetime.now(UTC) - c.state_entered_at
+        timeout = timedelta(seconds=float(c.policy["eval_timeout"]))
         if age > timeout:
             return Outcome(
                 "failed",
-                {"error": f"no eval results for {c['adapter_id']} after {timeout}"
+                {"error": f"no eval results for {c.candidate} after {timeout}"
                           " (is the evaluator running?)"},
             )  # fmt: skip
         state = req["status"] if req else "not claimed yet"
         return Outcome(None, note=f"waiting for the evaluator ({state})", delay_s=POLL_S)
-    current = adapters.current_prod(conn, tenant_id=c["tenant_id"], route=c["route"])
-    scores = adapters.counted_scores(conn, adapter_id=c["adapter_id"])
-    found = adapters.blockers(conn, candidate=c["adapter_id"], current=current)
-    unscored = offline.unscored(conn, c["adapter_id"], found)
+    current = adapters.current_prod(conn, tenant_id=c.tenant_id, route=c.route)
+    scores = adapters.counted_scores(conn, adapter_id=c.candidate)
+    found = adapters.blockers(conn, candidate=c.candidate, current=current)
+    unscored = offline.unscored(conn, c.candidate, found)
     if unscored:
         return _eval_retry(conn, c, f"no score for {'; '.join(unscored)}")
-    got = {"eval_scores": scores, "blockers": found, "current_prod_id": current}
+    got = {
+        "eval_scores": scores,
+        "blockers": [b.model_dump() for b in found],
+        "current_prod_id": current,
+    }
     if found:
         why = "; ".join(
-            (f"{b['suite_id']}/{b['metric']}: " if b["metric"] else "") + str(b["reason"])
-            for b in found
+            (f"{b.suite_id}/{b.metric}: " if b.metric else "") + b.reason for b in found
         )
-        _retire(conn, adapter_id=c["adapter_id"], reason=f"{_actor(c)}: the gate refused: {why}")
+        _retire(conn, adapter_id=c.candidate, reason=f"{_actor(c)}: the gate refused: {why}")
         return Outcome(
             "rejected",
             got | {"decision": "reject", "decision_code": "gate", "decision_reason": why},
             got, f"the gate refused: {why}",
         )  # fmt: skip
-    if c["trigger"] == "forget":  # like for like without the forgotten rows: no gain required
+    if c.trigger == "forget":  # like for like without the forgotten rows: no gain required
         return Outcome("canary", got, got, f"the gate holds over {current or 'no prod'}")
-    margin = float(c["policy"]["min_offline_gain"])
-    gain = offline.offline_gain(conn, adapter_id=c["adapter_id"], current=current, margin=margin)
+    margin = float(c.policy["min_offline_gain"])
+    gain = offline.offline_gain(conn, adapter_id=c.candidate, current=current, margin=margin)
     got |= {"offline": gain.numbers}
     return _sweep(conn, c, got, gain)
 
 
-def _promote(conn: Connection, c: dict[str, Any], got: dict[str, Any], why: str) -> Outcome:
+def _promote(conn: Connection, c: Cycle, got: dict[str, Any], why: str) -> Outcome:
     """Promote through the gate (the plain UPDATE, the cycle in cft.reason), then watch."""
     try:
         row = adapters.promote(
-            conn, adapter_id=c["adapter_id"], reason=f"{_actor(c)}: {why}", actor=_actor(c)
+            conn, adapter_id=c.candidate, reason=f"{_actor(c)}: {why}", actor=_actor(c)
         )
     except CftError as exc:
-        _retire(conn, adapter_id=c["adapter_id"], reason=f"{_actor(c)}: the gate refused")
+        _retire(conn, adapter_id=c.candidate, reason=f"{_actor(c)}: the gate refused")
         got |= {"decision": "reject", "decision_code": "gate_refused",
                 "decision_reason": f"{why}; the gate refused: {exc.message}"}  # fmt: skip
         return Outcome("rejected", got, got, exc.message)
-    window = timedelta(seconds=float(c["policy"]["watch_window"]))
+    window = timedelta(seconds=float(c.policy["watch_window"]))
+    promoted_at = row.promoted_at
+    assert promoted_at is not None, "the database stamps every promotion"
     got |= {
         "decision": "promote",
-        "previous_prod_id": row["previous_prod_id"],
-        "promoted_at": row["promoted_at"],
-        "watch_until": row["promoted_at"] + window,
+        "previous_prod_id": row.previous_prod_id,
+        "promoted_at": promoted_at,
+        "watch_until": promoted_at + window,
     }
     inputs = dict(got)
-    if c.get("forget_request_id"):
+    if c.forget_request_id:
         fr = conn.execute(
-            "SELECT created_at FROM auth.forget_request WHERE id = %s", (c["forget_request_id"],)
+            "SELECT created_at FROM auth.forget_request WHERE id = %s", (c.forget_request_id,)
         ).fetchone()
         if fr:  # forget request -> a clean adapter serving
-            inputs["forget_to_live_s"] = (row["promoted_at"] - fr["created_at"]).total_seconds()
+            inputs["forget_to_live_s"] = (promoted_at - fr["created_at"]).total_seconds()
     return Outcome(
         "watching" if window.total_seconds() > 0 else "promoted",
-        got, inputs, f"promoted over {row['previous_prod_id'] or 'no prod'}: {why}",
+        got, inputs, f"promoted over {row.previous_prod_id or 'no prod'}: {why}",
     )  # fmt: skip
 
 
-def step_canary(conn: Connection, c: dict[str, Any]) -> Outcome:
+def step_canary(conn: Connection, c: Cycle) -> Outcome:
     """Open the canary at the policy's share, within the route's ceiling (adapters.start_canary).
 
     A forget cycle skips the experiment: the tainted prod is replaced as soon as the gate holds
     (the watch still guards the replacement)."""
-    if c["trigger"] == "forget":
+    if c.trigger == "forget":
         why = "forget: the tainted prod is replaced as soon as the gate holds"
         return _promote(conn, c, {"decision_code": "forget", "decision_reason": why}, why)
     row = conn.execute(
@@ -378,21 +382,21 @@ def step_canary(conn: Connection, c: dict[str, Any]) -> Outcome:
         " WHERE a.tenant_id = r.tenant_id AND a.route = r.name AND a.status = 'canary'"
         " AND a.id <> %s), 0) AS room"
         " FROM serve.route r WHERE r.tenant_id = %s AND r.name = %s",
-        (c["adapter_id"], c["tenant_id"], c["route"]),
+        (c.candidate, c.tenant_id, c.route),
     ).fetchone()
     assert row is not None
-    pct = min(float(c["policy"]["canary_pct"]), float(row["room"]))
+    pct = min(float(c.policy["canary_pct"]), float(row["room"]))
     if pct <= 0:
         return Outcome(
             None, note="waiting: other canaries fill the route's ceiling", delay_s=POLL_S
         )
     try:
         adapters.start_canary(
-            conn, adapter_id=c["adapter_id"], traffic_pct=pct,
+            conn, adapter_id=c.candidate, traffic_pct=pct,
             reason=f"{_actor(c)}: canary at {pct:g} %", actor=_actor(c),
         )  # fmt: skip
     except CftError as exc:
-        _retire(conn, adapter_id=c["adapter_id"], reason=f"{_actor(c)}: canary refused")
+        _retire(conn, adapter_id=c.candidate, reason=f"{_actor(c)}: canary refused")
         return Outcome(
             "rejected",
             {
@@ -406,37 +410,37 @@ def step_canary(conn: Connection, c: dict[str, Any]) -> Outcome:
     assert now is not None
     return Outcome(
         "deciding", {"canary_pct": pct, "canary_started_at": now["now"]}, {"canary_pct": pct},
-        f"canary {c['adapter_id']} at {pct:g} %",
+        f"canary {c.candidate} at {pct:g} %",
     )  # fmt: skip
 
 
-def step_deciding(conn: Connection, c: dict[str, Any]) -> Outcome:
+def step_deciding(conn: Connection, c: Cycle) -> Outcome:
     """Decide on the canary (app.loop.decision): promote through the gate, retire, or wait."""
-    d = decision.decide_canary(conn, cycle_id=c["id"])
+    d = decision.decide_canary(conn, cycle_id=c.id)
     got = {"experiment": d.numbers, "decision_code": d.code, "decision_reason": d.reason}
     if d.decision == "continue":
         return Outcome(None, {"experiment": d.numbers}, note=d.reason, delay_s=DECIDE_POLL_S)
     if d.decision == "retire":
-        _retire(conn, adapter_id=c["adapter_id"], reason=f"{_actor(c)}: {d.reason}")
+        _retire(conn, adapter_id=c.candidate, reason=f"{_actor(c)}: {d.reason}")
         return Outcome("rejected", got | {"decision": "retire"}, got, d.reason)
     return _promote(conn, c, got, d.reason)
 
 
-def step_watching(conn: Connection, c: dict[str, Any]) -> Outcome:
+def step_watching(conn: Connection, c: Cycle) -> Outcome:
     """Watch the new prod's guards; roll back on a significant regression."""
-    if adapters.current_prod(conn, tenant_id=c["tenant_id"], route=c["route"]) != c["adapter_id"]:
+    if adapters.current_prod(conn, tenant_id=c.tenant_id, route=c.route) != c.candidate:
         return Outcome("promoted", note="no longer prod (changed outside the loop): watch ended")
-    w = decision.watch(conn, cycle_id=c["id"])
+    w = decision.watch(conn, cycle_id=c.id)
     if w.regressed:
         reason = f"{_actor(c)}: guard {w.metric} regressed: {w.reason}"
-        prev = conn.execute("SELECT serve.previous_prod(%s) AS id", (c["adapter_id"],)).fetchone()
+        prev = conn.execute("SELECT serve.previous_prod(%s) AS id", (c.candidate,)).fetchone()
         if prev and prev["id"]:
-            adapters.rollback(conn, adapter_id=c["adapter_id"], reason=reason, actor=_actor(c))
+            adapters.rollback(conn, adapter_id=c.candidate, reason=reason, actor=_actor(c))
             note = f"rolled back to {prev['id']}: {w.reason}"
         else:  # nothing fit to restore (first prod, or a tainted predecessor): back to the base
             conn.execute("SELECT set_config('cft.reason', %s, true)", (reason,))
             conn.execute(
-                "UPDATE serve.adapter SET status = 'retired' WHERE id = %s", (c["adapter_id"],)
+                "UPDATE serve.adapter SET status = 'retired' WHERE id = %s", (c.candidate,)
             )
             note = f"retired (no previous prod fit to serve; the base serves): {w.reason}"
         got = {"watch": w.numbers, "decision": "rollback", "decision_code": f"guard_{w.metric}",
@@ -447,7 +451,7 @@ def step_watching(conn: Connection, c: dict[str, Any]) -> Outcome:
     return Outcome(None, {"watch": w.numbers}, note=w.reason, delay_s=POLL_S)
 
 
-STEPS: dict[str, Callable[[Connection, dict[str, Any]], Outcome]] = {
+STEPS: dict[str, Callable[[Connection, Cycle], Outcome]] = {
     "triggered": step_triggered,
     "snapshot": step_snapshot,
     "training": step_training,
@@ -458,16 +462,16 @@ STEPS: dict[str, Callable[[Connection, dict[str, Any]], Outcome]] = {
 }
 
 
-def run_step(conn: Connection, c: dict[str, Any]) -> Outcome:
+def run_step(conn: Connection, c: Cycle) -> Outcome:
     """The step of a claimed cycle's state, under the route's policy now (intervals in seconds;
     the row keeps the policy it started under)."""
     policy = conn.execute(
-        "SELECT * FROM loop.effective_policy(%s, %s)", (c["tenant_id"], c["route"])
+        "SELECT * FROM loop.effective_policy(%s, %s)", (c.tenant_id, c.route)
     ).fetchone()
-    return STEPS[c["state"]](conn, c | {"policy": jsonable(dict(policy or {}))})
+    return STEPS[c.state](conn, replace(c, policy=jsonable(dict(policy or {}))))
 
 
-def drive_one(conn: Connection, *, worker_id: str, lease_s: float) -> dict[str, Any] | None:
+def drive_one(conn: Connection, *, worker_id: str, lease_s: float) -> Cycle | None:
     """Claim one due cycle and run its step; returns the cycle after it (None: none was due).
 
     conn must not be in autocommit mode: the claim, then the step with its outcome, then a
@@ -480,21 +484,19 @@ def drive_one(conn: Connection, *, worker_id: str, lease_s: float) -> dict[str, 
     try:
         with conn.transaction():
             outcome = run_step(conn, c)
-            after = cycles.apply(conn, cycle_id=c["id"], worker_id=worker_id, outcome=outcome)
+            after = cycles.apply(conn, cycle_id=c.id, worker_id=worker_id, outcome=outcome)
     except (CftError, psycopg.Error, ValueError) as exc:
         message = exc.message if isinstance(exc, CftError) else f"{type(exc).__name__}: {exc}"
-        log.warning("cycle %s (%s): step failed: %s", c["id"], c["state"], message)
+        log.warning("cycle %s (%s): step failed: %s", c.id, c.state, message)
         with conn.transaction():
-            cycles.fail_step(conn, cycle_id=c["id"], worker_id=worker_id, error=message)
-            after = dict(
-                conn.execute("SELECT * FROM loop.cycle WHERE id = %s", (c["id"],)).fetchone() or {}
-            )
-    if after.get("state") != c["state"]:
-        LOOP_STATE_SECONDS.labels(c["state"]).observe(
-            (after["updated_at"] - c["state_entered_at"]).total_seconds()
+            cycles.fail_step(conn, cycle_id=c.id, worker_id=worker_id, error=message)
+            after = cycles.get(conn, cycle_id=c.id)
+    if after.state != c.state:
+        LOOP_STATE_SECONDS.labels(c.state).observe(
+            (after.updated_at - c.state_entered_at).total_seconds()
         )
-        log.info("cycle %s %s: %s -> %s", c["id"], c["route"], c["state"], after.get("state"))
-        if after.get("state") in ("promoted", "rejected", "rolled_back", "failed"):
-            LOOP_CYCLES_FINISHED.labels(after["state"]).inc()
-    log.debug("cycle %s step took %.2f s", c["id"], time.monotonic() - started)
+        log.info("cycle %s %s: %s -> %s", c.id, c.route, c.state, after.state)
+        if after.state in TERMINAL:
+            LOOP_CYCLES_FINISHED.labels(after.state).inc()
+    log.debug("cycle %s step took %.2f s", c.id, time.monotonic() - started)
     return after

@@ -17,5 +17,4 @@ def forget_user(
 ) -> schemas.ForgetOut:
     """Delete the user's logs and taint the snapshots and adapters built from them."""
     # POST, not DELETE /v1/users/{id}: the raw id stays out of URLs and access logs.
-    row = service.forget_user(conn, user=body.user, secret=user_secret(request.app.state.settings))
-    return schemas.ForgetOut.model_validate(row)
+    return service.forget_user(conn, user=body.user, secret=user_secret(request.app.state.settings))

@@ -17,17 +17,17 @@ def _forget(args: argparse.Namespace) -> int:
     try:
         with connect() as conn:
             tenant = tenants.get_tenant_or_raise(conn, args.tenant)
-            as_tenant(conn, tenant["id"])
+            as_tenant(conn, tenant.id)
             row = service.forget_user(conn, user=args.user, secret=user_secret())
             conn.commit()
     except CftError as exc:
         print(f"error: {exc.message}", file=sys.stderr)
         return 2
     print(
-        f"forgot user {row['user_hash'][:16]}… of tenant {tenant['name']}:"
-        f" {row['logs_deleted']} log rows and {row['request_keys_deleted']} request keys deleted,"
-        f" {row['snapshots_tainted']} snapshots and {row['adapters_tainted']} adapters tainted"
-        f" (forget request {row['id']})"
+        f"forgot user {row.user_hash[:16]}… of tenant {tenant.name}:"
+        f" {row.logs_deleted} log rows and {row.request_keys_deleted} request keys deleted,"
+        f" {row.snapshots_tainted} snapshots and {row.adapters_tainted} adapters tainted"
+        f" (forget request {row.id})"
     )
     return 0
 

@@ -2,62 +2,15 @@
 
 from __future__ import annotations
 
-from datetime import datetime
-from typing import Any, Literal
-
 from fastapi import APIRouter, Request
-from pydantic import BaseModel, ConfigDict, Field
 
 from app.core.auth import ReaderKey, ReleaseKey, TenantConn, TrainerKey
 from app.core.config import Settings
 from app.core.errors import NotFound
 from app.routes import service as routes
+from app.routes.schemas import RouteCreate, RouteOut, RouteUpdate
 
 router = APIRouter(tags=["routes"])
-
-
-Fallback = Literal["none", "prod", "base"]
-FALLBACK = (
-    "What answers a call whose assigned adapter cannot (not loaded on any engine after the"
-    " router's wait, or failed on each): none (a 503 adapter_not_loaded with Retry-After), prod"
-    " (the route's prod), base (prod, then the base model). A fallback answer belongs to no arm"
-    " of an experiment."
-)
-
-
-class RouteCreate(BaseModel):
-    """A new route."""
-
-    model_config = ConfigDict(extra="forbid")
-
-    name: str = Field(min_length=1, max_length=128, pattern=r"^[A-Za-z0-9][A-Za-z0-9_.:-]*$")
-    base_model: str | None = Field(
-        None,
-        min_length=1,
-        max_length=256,
-        description="One of the served base models (CFT_BASE_MODELS); default: CFT_BASE_MODEL.",
-    )
-    experiment: str | None = Field(None, max_length=128, description="Canary split salt.")
-    fallback: Fallback = Field("none", description=FALLBACK)
-
-
-class RouteUpdate(BaseModel):
-    """What a release manager may change on a route."""
-
-    model_config = ConfigDict(extra="forbid")
-
-    fallback: Fallback = Field(description=FALLBACK)
-
-
-class RouteOut(BaseModel):
-    """A route."""
-
-    name: str
-    tenant_id: int
-    base_model: str
-    experiment: str | None
-    fallback: Fallback
-    created_at: datetime
 
 
 @router.post("/v1/routes", status_code=201)
@@ -66,7 +19,7 @@ def create_route(
 ) -> RouteOut:
     """Create a serving slot for the caller's tenant."""
     settings: Settings = request.app.state.settings
-    row: dict[str, Any] = routes.create_route(
+    return routes.create_route(
         conn,
         tenant_id=key.tenant_id,
         name=body.name,
@@ -75,13 +28,12 @@ def create_route(
         fallback=body.fallback,
         served=settings.served_base_models,
     )
-    return RouteOut(**row)
 
 
 @router.get("/v1/routes")
 def list_routes(conn: TenantConn, key: ReaderKey) -> list[RouteOut]:
     """The caller's routes."""
-    return [RouteOut(**r) for r in routes.list_routes(conn)]
+    return routes.list_routes(conn)
 
 
 @router.get("/v1/routes/{name}")
@@ -90,7 +42,7 @@ def read_route(name: str, conn: TenantConn, key: ReaderKey) -> RouteOut:
     row = routes.get_route(conn, name=name)
     if row is None:
         raise NotFound(f"no route named {name!r} for this tenant")
-    return RouteOut(**row)
+    return row
 
 
 @router.patch("/v1/routes/{name}")
@@ -100,4 +52,4 @@ def update_route(name: str, body: RouteUpdate, conn: TenantConn, key: ReleaseKey
     row = routes.set_fallback(conn, name=name, fallback=body.fallback)
     if row is None:
         raise NotFound(f"no route named {name!r} for this tenant")
-    return RouteOut(**row)
+    return row

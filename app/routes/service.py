@@ -2,12 +2,11 @@
 
 from __future__ import annotations
 
-from typing import Any
-
 import psycopg
 
 from app.core.db import Connection, owning_tenant
 from app.core.errors import BadRequest, Conflict, Unprocessable
+from app.routes.schemas import RouteOut
 
 COLUMNS = "name, tenant_id, base_model, experiment, fallback, created_at"
 
@@ -32,7 +31,7 @@ def create_route(
     experiment: str | None,
     served: frozenset[str],
     fallback: str = "none",
-) -> dict[str, Any]:
+) -> RouteOut:
     """Insert a route on a served base model; 409 if the name is taken."""
     check_base_model(base_model, served)
     if name.startswith("ft:"):
@@ -43,7 +42,7 @@ def create_route(
         )
     try:
         with conn.transaction():
-            row: dict[str, Any] | None = conn.execute(
+            row = conn.execute(
                 f"INSERT INTO serve.route (name, tenant_id, base_model, experiment, fallback)"
                 f" VALUES (%s, %s, %s, %s, %s) RETURNING {COLUMNS}",
                 (name, tenant_id, base_model, experiment, fallback),
@@ -57,15 +56,13 @@ def create_route(
             code="invalid_route_name",
         ) from exc
     assert row is not None
-    return row
+    return RouteOut(**row)
 
 
-def get_route(conn: Connection, *, name: str) -> dict[str, Any] | None:
+def get_route(conn: Connection, *, name: str) -> RouteOut | None:
     """One route visible to the connection's tenant, or None."""
-    row: dict[str, Any] | None = conn.execute(
-        f"SELECT {COLUMNS} FROM serve.route WHERE name = %s", (name,)
-    ).fetchone()
-    return row
+    row = conn.execute(f"SELECT {COLUMNS} FROM serve.route WHERE name = %s", (name,)).fetchone()
+    return RouteOut(**row) if row else None
 
 
 def route_tenant(conn: Connection, *, name: str, tenant: str | None = None) -> int:
@@ -82,16 +79,17 @@ def route_tenant(conn: Connection, *, name: str, tenant: str | None = None) -> i
     )
 
 
-def list_routes(conn: Connection) -> list[dict[str, Any]]:
+def list_routes(conn: Connection) -> list[RouteOut]:
     """The routes visible to the connection's tenant."""
-    return conn.execute(f"SELECT {COLUMNS} FROM serve.route ORDER BY name").fetchall()
+    rows = conn.execute(f"SELECT {COLUMNS} FROM serve.route ORDER BY name").fetchall()
+    return [RouteOut(**r) for r in rows]
 
 
-def set_fallback(conn: Connection, *, name: str, fallback: str) -> dict[str, Any] | None:
+def set_fallback(conn: Connection, *, name: str, fallback: str) -> RouteOut | None:
     """Set a route's fallback policy (routers apply it at commit: NOTIFY cft_route); None if
     the connection's tenant has no such route."""
-    row: dict[str, Any] | None = conn.execute(
+    row = conn.execute(
         f"UPDATE serve.route SET fallback = %s WHERE name = %s RETURNING {COLUMNS}",
         (fallback, name),
     ).fetchone()
-    return row
+    return RouteOut(**row) if row else None

@@ -32,22 +32,19 @@ def create_tenant(
     body: schemas.TenantIn, key: OperatorAuth, conn: OperatorConn
 ) -> schemas.TenantOut:
     """Create a tenant (409 if the name is taken)."""
-    row = service.create_tenant(conn, name=body.name, consent_training=body.consent_training)
-    return schemas.TenantOut.model_validate(row | {"live_keys": 0})
+    return service.create_tenant(conn, name=body.name, consent_training=body.consent_training)
 
 
 @router.get("/v1/tenants", summary="List tenants")
 def list_tenants(key: OperatorAuth, conn: OperatorConn) -> schemas.TenantList:
     """Every tenant with its number of live keys."""
-    return schemas.TenantList(
-        data=[schemas.TenantOut.model_validate(r) for r in service.list_tenants(conn)]
-    )
+    return schemas.TenantList(data=service.list_tenants(conn))
 
 
 @router.get("/v1/tenants/{name}", summary="Read a tenant")
 def read_tenant(name: str, key: OperatorAuth, conn: OperatorConn) -> schemas.TenantOut:
     """One tenant, by name or id."""
-    return schemas.TenantOut.model_validate(service.describe_tenant(conn, name))
+    return service.describe_tenant(conn, name)
 
 
 @router.patch("/v1/tenants/{name}", summary="Set a tenant's consent to training")
@@ -55,8 +52,7 @@ def patch_tenant(
     name: str, body: schemas.TenantPatch, key: OperatorAuth, conn: OperatorConn
 ) -> schemas.TenantOut:
     """Give or withdraw consent_training; snapshots taken afterwards follow it."""
-    row = service.set_consent(conn, name, consent_training=body.consent_training)
-    return schemas.TenantOut.model_validate(row)
+    return service.set_consent(conn, name, consent_training=body.consent_training)
 
 
 @router.post("/v1/tenants/{name}/keys", status_code=201, summary="Create a key of a tenant")
@@ -66,21 +62,19 @@ def create_key(
     """A new key; the response holds the key itself, this once (only its sha256 is stored)."""
     row, secret = service.create_key(conn, tenant=name, role=body.role, name=body.name)
     tenant = service.get_tenant_or_raise(conn, name)
-    return schemas.KeyCreated.model_validate(row | {"key": secret, "tenant": tenant["name"]})
+    return schemas.KeyCreated(**row.model_dump(), key=secret, tenant=tenant.name)
 
 
 @router.get("/v1/tenants/{name}/keys", summary="List a tenant's keys")
 def list_keys(name: str, key: OperatorAuth, conn: OperatorConn) -> schemas.KeyList:
     """The tenant's keys, live and revoked (prefixes only)."""
-    return schemas.KeyList(
-        data=[schemas.KeyOut.model_validate(r) for r in service.list_keys(conn, tenant=name)]
-    )
+    return schemas.KeyList(data=service.list_keys(conn, tenant=name))
 
 
 @router.delete("/v1/tenants/{name}/keys/{key_id}", summary="Revoke a key of a tenant")
 def revoke_key(name: str, key_id: str, key: OperatorAuth, conn: OperatorConn) -> schemas.KeyOut:
     """Revoke a key by its prefix or id (revoking a revoked key changes nothing)."""
-    return schemas.KeyOut.model_validate(service.revoke_tenant_key(conn, tenant=name, ref=key_id))
+    return service.revoke_tenant_key(conn, tenant=name, ref=key_id)
 
 
 @router.delete(
@@ -119,5 +113,4 @@ def offboard_tenant(
             force=force,
             unload_timeout=unload_timeout,
         )
-    body = schemas.OffboardingOut.model_validate(out)
-    return JSONResponse(jsonable_encoder(body), status_code=200 if body.status == "done" else 202)
+    return JSONResponse(jsonable_encoder(out), status_code=200 if out.status == "done" else 202)

@@ -13,6 +13,7 @@ from app.core.config import get_settings
 from app.core.db import connect
 from app.core.errors import CftError
 from app.tenants import offboard, service
+from app.tenants.schemas import KeyOut
 
 
 def _tenant(args: argparse.Namespace) -> int:
@@ -22,20 +23,18 @@ def _tenant(args: argparse.Namespace) -> int:
         if args.action == "consent":
             t = service.set_consent(conn, args.name, consent_training=args.value == "on")
             conn.commit()
-            print(f"tenant {t['name']}: consent_training={t['consent_training']}")
+            print(f"tenant {t.name}: consent_training={t.consent_training}")
         elif args.action == "create":
             row = service.create_tenant(
                 conn, name=args.name, consent_training=args.consent_training
             )
             conn.commit()
-            print(
-                f"tenant {row['name']} (id {row['id']}, consent_training={row['consent_training']})"
-            )
+            print(f"tenant {row.name} (id {row.id}, consent_training={row.consent_training})")
         else:
             for t in service.list_tenants(conn):
                 print(
-                    f"{t['id']:>5}  {t['name']:<32} consent_training={t['consent_training']!s:<5}"
-                    f"  live_keys={t['live_keys']}"
+                    f"{t.id:>5}  {t.name:<32} consent_training={t.consent_training!s:<5}"
+                    f"  live_keys={t.live_keys}"
                 )
     return 0
 
@@ -61,8 +60,8 @@ def _delete(conn: Any, args: argparse.Namespace) -> int:
         force=args.force,
         unload_timeout=args.unload_timeout,
     )
-    print(json.dumps(out, indent=2, default=str))
-    if out["status"] != "done":
+    print(json.dumps(out.model_dump(), indent=2, default=str))
+    if out.status != "done":
         print("artefacts are still pending: run the same command again", file=sys.stderr)
         return 1
     return 0
@@ -75,24 +74,24 @@ def _operator(args: argparse.Namespace) -> int:
             conn.commit()
             print(key)
             print(
-                f"(operator key id {row['id']}, prefix {row['prefix']}: shown once, only its"
+                f"(operator key id {row.id}, prefix {row.prefix}: shown once, only its"
                 " sha256 is stored; it administers tenants over /v1/tenants)",
                 file=sys.stderr,
             )
         elif args.action == "revoke":
             row = service.revoke_key(conn, args.ref)
             conn.commit()
-            print(f"revoked key {row['prefix']} (id {row['id']})")
+            print(f"revoked key {row.prefix} (id {row.id})")
         else:
             for k in service.list_operator_keys(conn):
-                state = f"revoked {k['revoked_at']:%Y-%m-%d}" if k["revoked_at"] else "live"
-                print(f"{k['id']:>5}  {k['prefix']}  {state:<18} {_used(k)}  {k['name'] or ''}")
+                state = f"revoked {k.revoked_at:%Y-%m-%d}" if k.revoked_at else "live"
+                print(f"{k.id:>5}  {k.prefix}  {state:<18} {_used(k)}  {k.name or ''}")
     return 0
 
 
-def _used(key: dict[str, Any]) -> str:
+def _used(key: KeyOut) -> str:
     """When a listed key last authenticated a request (to the minute), or that it never did."""
-    used = key.get("last_used_at")
+    used = key.last_used_at
     return f"used {used:%Y-%m-%d %H:%M}" if used else f"{'never used':<21}"
 
 
@@ -103,21 +102,18 @@ def _key(args: argparse.Namespace) -> int:
             conn.commit()
             print(key)
             print(
-                f"(key id {row['id']}, prefix {row['prefix']}, role {row['role']}: shown once,"
+                f"(key id {row.id}, prefix {row.prefix}, role {row.role}: shown once,"
                 " only its sha256 is stored)",
                 file=sys.stderr,
             )
         elif args.action == "revoke":
             row = service.revoke_key(conn, args.ref)
             conn.commit()
-            print(f"revoked key {row['prefix']} (id {row['id']})")
+            print(f"revoked key {row.prefix} (id {row.id})")
         else:
             for k in service.list_keys(conn, tenant=args.tenant):
-                state = f"revoked {k['revoked_at']:%Y-%m-%d}" if k["revoked_at"] else "live"
-                print(
-                    f"{k['id']:>5}  {k['prefix']}  {k['role']:<8} {state:<18} {_used(k)}"
-                    f"  {k['name'] or ''}"
-                )
+                state = f"revoked {k.revoked_at:%Y-%m-%d}" if k.revoked_at else "live"
+                print(f"{k.id:>5}  {k.prefix}  {k.role:<8} {state:<18} {_used(k)}  {k.name or ''}")
     return 0
 
 

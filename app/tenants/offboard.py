@@ -32,6 +32,7 @@ from app.core import artefacts
 from app.core.config import Settings
 from app.core.db import Connection
 from app.core.errors import Conflict, NotFound, Unprocessable
+from app.tenants.schemas import ArtefactsOut, OffboardingOut
 
 # How often the unload wait looks at serve.adapter_deployment.
 POLL_S = 0.2
@@ -97,7 +98,7 @@ def offboard(
     settings: Settings,
     force: bool = False,
     unload_timeout: float = 30.0,
-) -> dict[str, Any]:
+) -> OffboardingOut:
     """Offboard a tenant (by name or id), or finish an offboarding begun earlier; the report.
 
     conn must be outside a transaction: each step commits on its own (the retirement must be
@@ -160,26 +161,26 @@ def offboard(
     return report(row, errors)
 
 
-def report(row: dict[str, Any], errors: list[str] | None = None) -> dict[str, Any]:
+def report(row: dict[str, Any], errors: list[str] | None = None) -> OffboardingOut:
     """The API's view of an auth.tenant_offboarding row."""
-    return {
-        "id": row["id"],
-        "tenant": row["tenant_name"],
-        "tenant_id": row["tenant_id"],
-        "status": row["status"],
-        "requested_by": row["requested_by"],
-        "retired_adapters": list(row["retired_adapters"]),
-        "forced": row["forced"],
-        "counts": dict(row["counts"]),
-        "artefacts": {
-            "deleted": list(row["artefacts_deleted"]),
-            "pending": list(row["artefacts_pending"]),
-            "errors": errors or [],
-        },
-        "started_at": row["started_at"],
-        "data_deleted_at": row["data_deleted_at"],
-        "finished_at": row["finished_at"],
-    }
+    return OffboardingOut(
+        id=row["id"],
+        tenant=row["tenant_name"],
+        tenant_id=row["tenant_id"],
+        status=row["status"],
+        requested_by=row["requested_by"],
+        retired_adapters=list(row["retired_adapters"]),
+        forced=row["forced"],
+        counts=dict(row["counts"]),
+        artefacts=ArtefactsOut(
+            deleted=list(row["artefacts_deleted"]),
+            pending=list(row["artefacts_pending"]),
+            errors=errors or [],
+        ),
+        started_at=row["started_at"],
+        data_deleted_at=row["data_deleted_at"],
+        finished_at=row["finished_at"],
+    )
 
 
 def check_confirmation(tenant: str, confirm: str | None) -> None:

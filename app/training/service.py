@@ -127,14 +127,14 @@ def _fresh_snapshot(
         created_by=actor,
         refresh=spec.refresh,
     )
-    if not snap["n_train"]:
+    if not snap.n_train:
         # Raising rolls the request's transaction back: the empty snapshot is not kept.
         raise Conflict(
             f"a fresh {body.method} snapshot of route {body.route!r} has no training examples"
             " in its window: nothing to train on",
             code="snapshot_empty",
         )
-    return UUID(str(snap["id"]))
+    return snap.id
 
 
 def get(conn: Connection, *, run_id: UUID) -> TrainingRunOut | None:

@@ -138,7 +138,7 @@ def _seed(c: Any, url: str, tmp: Path) -> dict[str, Any]:
     xss = make_log(c, tenant_id=a["id"], route=ROUTE, adapter_id=prod["id"], variant="B",
                    messages=_user(XSS), completion=f"answer {XSS}", fb_regen=True)  # fmt: skip
     snap = datasets.create_snapshot(c, tenant_id=a["id"], route=ROUTE, method="sft",
-                                    dedup_threshold=0, eval_pct=0)  # fmt: skip
+                                    dedup_threshold=0, eval_pct=0).model_dump()  # fmt: skip
     # After the snapshot (its thumbs-up answers would be SFT examples too). A few thousand calls, most in the last two days: the calls browser's window and EXPLAIN.
     for n, hours, seed in ((3000, 48, 0.1), (1000, 720, 0.2)):
         make_traffic(c, tenant_id=a["id"], route=ROUTE, experiment="support-es-exp", variant="A",

@@ -7,6 +7,7 @@ from datetime import UTC, datetime, timedelta
 from typing import Any
 
 from app.datasets import service as datasets
+from app.datasets.schemas import SnapshotOut
 from tests.support.embeddings import encoder
 from tests.support.factories import make_log, make_route, make_tenant
 from workers.embedder.model import to_halfvec
@@ -80,15 +81,15 @@ def _edges(conn: Any) -> set[tuple[int, int]]:
     return {(r["a_id"], r["b_id"]) for r in conn.execute("SELECT * FROM obs.prompt_neighbour")}
 
 
-def _snapshot(conn: Any, tenant: dict[str, Any], route: dict[str, Any], **kw: Any) -> Any:
+def _snapshot(conn: Any, tenant: dict[str, Any], route: dict[str, Any], **kw: Any) -> SnapshotOut:
     return datasets.create_snapshot(
         conn, tenant_id=tenant["id"], route=route["name"], method="kto", **kw
     )
 
 
-def _kept(conn: Any, snap: dict[str, Any]) -> dict[str, str]:
-    examples = datasets.export_snapshot(conn, snapshot_id=snap["id"], split="train")
-    examples += datasets.export_snapshot(conn, snapshot_id=snap["id"], split="eval")
+def _kept(conn: Any, snap: SnapshotOut) -> dict[str, str]:
+    examples = datasets.export_snapshot(conn, snapshot_id=str(snap.id), split="train")
+    examples += datasets.export_snapshot(conn, snapshot_id=str(snap.id), split="eval")
     return {e["prompt"][-1]["content"]: e["completion"][0]["content"] for e in examples}
 
 
@@ -149,15 +150,15 @@ def test_snapshot_drops_the_worse_paraphrases_through_edges_without_probes(conn)
     before = _hnsw_scans(conn)
     snap = _snapshot(conn, tenant, route, dedup_threshold=0.1, refresh=False)
     assert _hnsw_scans(conn) == before  # no index probe at snapshot time
-    counts = snap["counts"]
+    counts = snap.counts
     assert counts["exact_dedup"] == 7 and counts["semantic_dedup"] == 4
     assert counts["probed_live"] == 0 and counts["searched_rows"] == 7
     assert _kept(conn, snap) == {PARAPHRASES[0]: "p0", **{t: "d" for t in DISTINCT}}
-    assert "FROM obs.prompt_neighbour e" in snap["params"]["semantic_dedup"]
+    assert "FROM obs.prompt_neighbour e" in snap.params["semantic_dedup"]
 
     # A threshold below every stored distance keeps all seven, still without probes.
     strict = _snapshot(conn, tenant, route, dedup_threshold=0.004, refresh=False)
-    assert strict["counts"]["semantic_dedup"] == 7 and strict["counts"]["probed_live"] == 0
+    assert strict.counts["semantic_dedup"] == 7 and strict.counts["probed_live"] == 0
 
 
 def test_an_edge_to_an_exact_duplicate_counts_for_its_survivor(conn):
@@ -176,7 +177,7 @@ def test_an_edge_to_an_exact_duplicate_counts_for_its_survivor(conn):
     )
     conn.execute("UPDATE obs.prompt_neighbour_scan SET radius = %s", (RADIUS,))
     snap = _snapshot(conn, tenant, route, dedup_threshold=0.1)
-    assert snap["counts"]["exact_dedup"] == 7
+    assert snap.counts["exact_dedup"] == 7
     kept = _kept(conn, snap)
     assert "dup" in kept.values() and PARAPHRASES[3] not in kept
 
@@ -204,14 +205,14 @@ def test_rows_not_searched_fall_back_to_live_probes(conn):
     before = _hnsw_scans(conn)
     snap = _snapshot(conn, tenant, route, dedup_threshold=0.1)
     assert _hnsw_scans(conn) > before
-    assert snap["counts"]["probed_live"] == 1 and snap["counts"]["searched_rows"] == 7
+    assert snap.counts["probed_live"] == 1 and snap.counts["searched_rows"] == 7
     kept = _kept(conn, snap)
     assert kept == {text: "fresh", **{t: "d" for t in DISTINCT}}
 
     # A threshold above the stored radius cannot trust the edges: every survivor is probed.
     wide = _snapshot(conn, tenant, route, dedup_threshold=0.3)
-    assert wide["counts"]["probed_live"] == wide["counts"]["exact_dedup"] == 8
-    assert wide["counts"]["searched_rows"] == 0
+    assert wide.counts["probed_live"] == wide.counts["exact_dedup"] == 8
+    assert wide.counts["searched_rows"] == 0
 
 
 def test_deleting_log_rows_deletes_their_edges_and_marks(conn):

@@ -23,6 +23,7 @@ from app.core.config import Settings
 from app.core.db import as_tenant
 from app.core.errors import BadRequest
 from app.datasets import service as datasets
+from app.datasets.schemas import SnapshotOut
 from app.main import create_app
 from tests.support.embeddings import encoder
 from tests.support.factories import make_log, make_route, make_tenant
@@ -39,16 +40,16 @@ def _user(text: str) -> list[dict[str, str]]:
 
 def _snapshot(
     conn: Any, tenant: dict[str, Any], route: dict[str, Any], method: str, **kw: Any
-) -> dict[str, Any]:
+) -> SnapshotOut:
     return datasets.create_snapshot(
         conn, tenant_id=tenant["id"], route=route["name"], method=method, **kw
     )
 
 
-def _examples(conn: Any, snap: dict[str, Any]) -> list[dict[str, Any]]:
+def _examples(conn: Any, snap: SnapshotOut) -> list[dict[str, Any]]:
     return datasets.export_snapshot(
-        conn, snapshot_id=snap["id"], split="train"
-    ) + datasets.export_snapshot(conn, snapshot_id=snap["id"], split="eval")
+        conn, snapshot_id=str(snap.id), split="train"
+    ) + datasets.export_snapshot(conn, snapshot_id=str(snap.id), split="eval")
 
 
 @pytest.fixture
@@ -83,10 +84,10 @@ def test_kto_rules_consent_pii_and_zero_feedback(conn, world):
     assert set(by_text) == {"good one", "bad one"}
     assert by_text["good one"]["label"] is True and by_text["bad one"]["label"] is False
     assert by_text["good one"]["completion"] == [{"role": "assistant", "content": "yes"}]
-    assert snap["counts"]["view_rows"] == 2
+    assert snap.counts["view_rows"] == 2
     rows = conn.execute(
         "SELECT log_ids FROM train.dataset_example WHERE snapshot_id = %s ORDER BY log_ids",
-        (snap["id"],),
+        (snap.id,),
     ).fetchall()
     assert sorted(r["log_ids"][0] for r in rows) == sorted([up["id"], down["id"]])
 
@@ -105,8 +106,8 @@ def test_consent_withdrawn_after_refresh_is_rechecked_live(conn, world):
     datasets.refresh_candidates(conn)
     conn.execute("UPDATE tenant SET consent_training = false WHERE id = %s", (tenant["id"],))
     snap = _snapshot(conn, tenant, route, "kto", refresh=False)
-    assert snap["counts"]["view_rows"] == 1 and snap["counts"]["live_ok"] == 0
-    assert snap["n_train"] + snap["n_eval"] == 0
+    assert snap.counts["view_rows"] == 1 and snap.counts["live_ok"] == 0
+    assert snap.n_train + snap.n_eval == 0
 
 
 def test_pii_flag_set_after_refresh_is_rechecked_live(conn, world):
@@ -115,7 +116,7 @@ def test_pii_flag_set_after_refresh_is_rechecked_live(conn, world):
     datasets.refresh_candidates(conn)
     conn.execute("UPDATE obs.inference_log SET pii_flags = 4 WHERE id = %s", (row["id"],))
     snap = _snapshot(conn, tenant, route, "kto", refresh=False)
-    assert snap["counts"]["live_ok"] == 0
+    assert snap.counts["live_ok"] == 0
 
 
 def _markers(conn: Any) -> list[int]:
@@ -132,25 +133,25 @@ def test_rows_deleted_after_refresh_are_skipped_by_their_markers(conn, world):
     assert _markers(conn) == sorted([gone["id"], cho["id"]])
     # The views still hold both rows; the snapshots skip them.
     kto = _snapshot(conn, tenant, route, "kto", refresh=False, dedup_threshold=0)
-    assert kto["counts"]["view_rows"] == 2 and kto["counts"]["live_ok"] == 1
+    assert kto.counts["view_rows"] == 2 and kto.counts["live_ok"] == 1
     assert [e["prompt"][-1]["content"] for e in _examples(conn, kto)] == ["kept"]
     dpo = _snapshot(conn, tenant, route, "dpo", refresh=False, dedup_threshold=0)
-    assert dpo["counts"]["view_rows"] == 1 and dpo["counts"]["live_ok"] == 0
+    assert dpo.counts["view_rows"] == 1 and dpo.counts["live_ok"] == 0
     # A marker whose row exists again (moved to a new partition, logged again) skips nothing.
     conn.execute(
         "INSERT INTO obs.deleted_log (log_id, created_at) VALUES (%s, %s)",
         (keep["id"], keep["created_at"]),
     )
     again = _snapshot(conn, tenant, route, "kto", refresh=False, dedup_threshold=0)
-    assert again["counts"]["live_ok"] == 1
+    assert again.counts["live_ok"] == 1
     # A refresh drops the rows from the views and the markers it accounted for.
     datasets.refresh_candidates(conn)
     assert _markers(conn) == []
     kto = _snapshot(conn, tenant, route, "kto", refresh=False, dedup_threshold=0)
-    assert kto["counts"]["view_rows"] == kto["counts"]["live_ok"] == 1
+    assert kto.counts["view_rows"] == kto.counts["live_ok"] == 1
     assert [e["prompt"][-1]["content"] for e in _examples(conn, kto)] == ["kept"]
     dpo = _snapshot(conn, tenant, route, "dpo", refresh=False, dedup_threshold=0)
-    assert dpo["counts"]["view_rows"] == 0
+    assert dpo.counts["view_rows"] == 0
 
 
 def test_rows_of_a_dropped_partition_are_skipped(conn, world):
@@ -182,9 +183,9 @@ def test_rows_of_a_dropped_partition_are_skipped(conn, world):
     conn.execute("RESET session_replication_role")
     assert _markers(conn) == []
     snap = _snapshot(conn, tenant, route, "kto", refresh=False, dedup_threshold=0)
-    assert snap["counts"]["in_window"] == 2 and snap["counts"]["live_ok"] == 1
+    assert snap.counts["in_window"] == 2 and snap.counts["live_ok"] == 1
     assert [e["prompt"][-1]["content"] for e in _examples(conn, snap)] == ["new"]
-    assert snap["params"]["oldest_log_row"] is not None
+    assert snap.params["oldest_log_row"] is not None
 
 
 def test_a_delete_committed_while_a_refresh_runs_keeps_its_marker(conn, world, db_url):
@@ -219,7 +220,7 @@ def test_a_delete_committed_while_a_refresh_runs_keeps_its_marker(conn, world, d
         assert done.is_set()
     assert _markers(conn) == [row["id"]]
     snap = _snapshot(conn, tenant, route, "kto", refresh=False, dedup_threshold=0)
-    assert snap["counts"]["view_rows"] == 1 and snap["counts"]["live_ok"] == 0
+    assert snap.counts["view_rows"] == 1 and snap.counts["live_ok"] == 0
     datasets.refresh_candidates(conn)
     assert _markers(conn) == []
 
@@ -278,11 +279,11 @@ def test_a_snapshot_refreshes_only_the_view_its_method_reads(conn, world):
     log(conn, tenant, route, messages=_user("rated"), completion="a", fb_explicit=1)
     _regen(conn, tenant, route, "regenerated")
     kto = _snapshot(conn, tenant, route, "kto", dedup_threshold=0)
-    assert kto["n_train"] + kto["n_eval"] == 1
+    assert kto.n_train + kto.n_eval == 1
     assert _refreshed(conn) == {"sft": False, "kto": True, "pair": False}
     assert (_view_rows(conn, "kto"), _view_rows(conn, "pair")) == (1, 0)
     dpo = _snapshot(conn, tenant, route, "dpo", dedup_threshold=0)
-    assert dpo["n_train"] + dpo["n_eval"] == 1
+    assert dpo.n_train + dpo.n_eval == 1
     assert _refreshed(conn) == {"sft": False, "kto": True, "pair": True}
     datasets.refresh_candidates(conn, [])  # no method, no view
     assert _refreshed(conn) == {"sft": False, "kto": True, "pair": True}
@@ -409,14 +410,14 @@ def test_the_service_takes_a_refused_snapshot_again(conn, world, db_url):
             refresh=False,
         ),
     )
-    assert isinstance(snap, dict), snap
-    assert snap["n_train"] + snap["n_eval"] == 6
+    assert isinstance(snap, SnapshotOut), snap
+    assert snap.n_train + snap.n_eval == 6
     rows = [
-        *datasets.export_snapshot(conn, snapshot_id=snap["id"], split="train"),
-        *datasets.export_snapshot(conn, snapshot_id=snap["id"], split="eval"),
+        *datasets.export_snapshot(conn, snapshot_id=str(snap.id), split="train"),
+        *datasets.export_snapshot(conn, snapshot_id=str(snap.id), split="eval"),
     ]
     assert sum(r["completion"][0]["content"] == "changed" for r in rows) == 1
-    assert datasets.verify_snapshot(conn, snapshot_id=snap["id"])["examples_ok"] is True
+    assert datasets.verify_snapshot(conn, snapshot_id=str(snap.id)).examples_ok is True
 
 
 def test_a_snapshot_never_holds_an_example_twice(conn, world):
@@ -454,7 +455,7 @@ def test_examples_are_inserted_by_the_snapshot_writer_only(conn, world, db_url):
         with app.transaction():  # ... yet the API role's snapshots are written
             as_tenant(app, tenant["id"])
             snap = _snapshot(app, tenant, route, "kto", dedup_threshold=0)
-    assert snap["n_train"] + snap["n_eval"] == 4
+    assert snap.n_train + snap.n_eval == 4
     # Naming a draft in the setting exempts only that draft's rows from the checks.
     conn.execute("BEGIN")
     conn.execute("SELECT set_config('cft.writing_snapshot', %s, true)", (sid,))
@@ -512,7 +513,7 @@ def test_pairs_from_regenerate_rules(conn, world):
     assert ex["prompt"] == _user("unrated child")
     log_ids = conn.execute(
         "SELECT log_ids FROM train.dataset_example WHERE snapshot_id = %s AND example = %s::jsonb",
-        (snap["id"], json.dumps(ex)),
+        (snap.id, json.dumps(ex)),
     ).fetchone()["log_ids"]
     assert log_ids == [ok_rej["id"], ok_cho["id"]]
 
@@ -543,7 +544,7 @@ def test_edits_give_sft_rows_and_pairs(conn, world):
     ]
     for method in ("dpo", "orpo", "simpo"):
         pairs = _snapshot(conn, tenant, route, method)
-        assert pairs["method"] == method
+        assert pairs.method == method
         assert _examples(conn, pairs) == [
             {
                 "prompt": _user("fix me"),
@@ -552,7 +553,7 @@ def test_edits_give_sft_rows_and_pairs(conn, world):
             }
         ]
     got = conn.execute(
-        "SELECT log_ids FROM train.dataset_example WHERE snapshot_id = %s", (sft["id"],)
+        "SELECT log_ids FROM train.dataset_example WHERE snapshot_id = %s", (sft.id,)
     ).fetchone()
     assert got["log_ids"] == [row["id"]]
 
@@ -577,9 +578,9 @@ def test_window_filters_rows(conn, world):
         created_at=now - timedelta(days=90),
     )
     default = _snapshot(conn, tenant, route, "kto")
-    assert default["counts"]["view_rows"] == 2 and default["counts"]["in_window"] == 1
+    assert default.counts["view_rows"] == 2 and default.counts["in_window"] == 1
     wide = _snapshot(conn, tenant, route, "kto", since=now - timedelta(days=120))
-    assert wide["counts"]["in_window"] == 2
+    assert wide.counts["in_window"] == 2
 
 
 # --- dedup -------------------------------------------------------------------------------------
@@ -617,7 +618,7 @@ def test_exact_dedup_keeps_best_rated_newest(conn, world):
     )
     log(conn, tenant, route, messages=_user("something else"), completion="x", fb_explicit=1)
     snap = _snapshot(conn, tenant, route, "kto", dedup_threshold=0)
-    assert snap["counts"]["live_ok"] == 4 and snap["counts"]["exact_dedup"] == 2
+    assert snap.counts["live_ok"] == 4 and snap.counts["exact_dedup"] == 2
     kept = {e["completion"][0]["content"] for e in _examples(conn, snap)}
     assert kept == {"new good", "x"}
 
@@ -671,18 +672,18 @@ def test_semantic_dedup_with_real_embeddings(conn, world):
     assert pending["n"] == 0
 
     snap = _snapshot(conn, tenant, route, "kto", dedup_threshold=0.1)
-    counts = snap["counts"]
+    counts = snap.counts
     assert counts["exact_dedup"] == 7 and counts["without_embedding"] == 0
     assert counts["semantic_dedup"] == 4
     kept = {
         e["prompt"][-1]["content"]: e["completion"][0]["content"] for e in _examples(conn, snap)
     }
     assert kept == {PARAPHRASES[0]: "p0", **{t: "d" for t in DISTINCT}}
-    assert "relaxed_order" not in snap["query_sql"]  # the dedup statement is kept in params
-    assert "ORDER BY n.embedding <=> c.embedding" in snap["params"]["semantic_dedup"]
+    assert "relaxed_order" not in snap.query_sql  # the dedup statement is kept in params
+    assert "ORDER BY n.embedding <=> c.embedding" in snap.params["semantic_dedup"]
 
     strict = _snapshot(conn, tenant, route, "kto", dedup_threshold=0.004)
-    assert strict["counts"]["semantic_dedup"] == 7
+    assert strict.counts["semantic_dedup"] == 7
 
 
 def test_semantic_dedup_probes_the_hnsw_index(conn, world):
@@ -699,7 +700,7 @@ def test_semantic_dedup_probes_the_hnsw_index(conn, world):
     snap = _snapshot(conn, tenant, route, "kto", dedup_threshold=0.05)
     conn.execute("SELECT pg_stat_force_next_flush()")
     after = conn.execute(scans).fetchone()["n"]
-    assert snap["counts"]["semantic_dedup"] == 3
+    assert snap.counts["semantic_dedup"] == 3
     assert after - before >= 3  # one index probe (at least) per example
 
 
@@ -722,7 +723,7 @@ def test_snapshot_is_immutable(conn, world):
     tenant, route = world
     _some_traffic(conn, tenant, route, 5)
     snap = _snapshot(conn, tenant, route, "kto")
-    sid = snap["id"]
+    sid = snap.id
     refused = psycopg.errors.ObjectNotInPrerequisiteState
     with pytest.raises(refused):
         conn.execute(
@@ -750,12 +751,9 @@ def test_snapshot_is_immutable(conn, world):
         "UPDATE train.dataset_snapshot SET tainted_at = now(), tainted_reason = 'forgotten user' WHERE id = %s",
         (sid,),
     )
-    assert datasets.verify_snapshot(conn, snapshot_id=sid) == {
-        "set_hash_ok": True,
-        "examples_ok": True,
-        "split_ok": True,
-        "n_examples": 5,
-    }
+    assert datasets.verify_snapshot(conn, snapshot_id=sid) == datasets.SnapshotCheck(
+        set_hash_ok=True, examples_ok=True, split_ok=True, n_examples=5
+    )
 
 
 def _draft(conn: Any, tenant: dict[str, Any], route: dict[str, Any]) -> str:
@@ -814,10 +812,10 @@ def test_examples_still_reference_an_existing_snapshot(conn, world):
     snap = _snapshot(conn, tenant, route, "kto")
     refused = psycopg.errors.ObjectNotInPrerequisiteState
     with pytest.raises(refused):
-        conn.execute("DELETE FROM train.dataset_snapshot WHERE id = %s", (snap["id"],))
+        conn.execute("DELETE FROM train.dataset_snapshot WHERE id = %s", (snap.id,))
     with pytest.raises(refused):
-        conn.execute("DELETE FROM train.dataset_example WHERE snapshot_id = %s", (snap["id"],))
-    assert conn.execute(examples, (snap["id"],)).fetchone()["n"] == 4
+        conn.execute("DELETE FROM train.dataset_example WHERE snapshot_id = %s", (snap.id,))
+    assert conn.execute(examples, (snap.id,)).fetchone()["n"] == 4
     fks = conn.execute(
         "SELECT count(*) AS n FROM pg_constraint WHERE conrelid = 'train.dataset_example'::regclass"
         " AND contype = 'f'"
@@ -864,36 +862,36 @@ def test_rebuild_gives_identical_split_and_set_hash(conn, world):
     until = datetime.now(UTC) + timedelta(seconds=1)
     a = _snapshot(conn, tenant, route, "kto", until=until, eval_pct=20)
     b = _snapshot(conn, tenant, route, "kto", until=until, eval_pct=20)
-    assert a["id"] != b["id"]
-    assert a["set_hash"] == b["set_hash"] and len(a["set_hash"]) == 64
-    assert (a["n_train"], a["n_eval"]) == (b["n_train"], b["n_eval"])
-    assert a["n_train"] + a["n_eval"] == 60 and 0 < a["n_eval"] < 30
+    assert a.id != b.id
+    assert a.set_hash == b.set_hash and len(a.set_hash) == 64
+    assert (a.n_train, a.n_eval) == (b.n_train, b.n_eval)
+    assert a.n_train + a.n_eval == 60 and 0 < a.n_eval < 30
 
     def splits(s):
         return {
             (bytes(r["example_hash"]), r["split"])
             for r in conn.execute(
                 "SELECT example_hash, split FROM train.dataset_example WHERE snapshot_id = %s",
-                (s["id"],),
+                (s.id,),
             )
         }
 
     assert splits(a) == splits(b)
     assert datasets.export_snapshot(
-        conn, snapshot_id=a["id"], split="eval"
-    ) == datasets.export_snapshot(conn, snapshot_id=b["id"], split="eval")
+        conn, snapshot_id=a.id, split="eval"
+    ) == datasets.export_snapshot(conn, snapshot_id=b.id, split="eval")
     # The set hash is reproducible by hand from the stored examples.
     h = conn.execute(
         "SELECT encode(sha256(string_agg(train.example_hash(example), ''::bytea"
         " ORDER BY train.example_hash(example))), 'hex') AS h FROM train.dataset_example WHERE snapshot_id = %s",
-        (a["id"],),
+        (a.id,),
     ).fetchone()["h"]
-    assert h == a["set_hash"]
-    assert "FROM train.kto_candidate c" in a["query_sql"]
+    assert h == a.set_hash
+    assert "FROM train.kto_candidate c" in a.query_sql
     # The statements that are not the candidate query are kept with it, as run.
-    assert "FROM obs.deleted_log d" in a["params"]["dead_rows"]
-    assert "c.log_ids, c.example\n  FROM train.kto_candidate c" in a["params"]["write"]
-    assert a["params"]["until"] and a["params"]["eval_pct"] == 20
+    assert "FROM obs.deleted_log d" in a.params["dead_rows"]
+    assert "c.log_ids, c.example\n  FROM train.kto_candidate c" in a.params["write"]
+    assert a.params["until"] and a.params["eval_pct"] == 20
 
 
 def test_api_role_can_snapshot_only_its_own_tenant(conn, world):
@@ -909,11 +907,8 @@ def test_api_role_can_snapshot_only_its_own_tenant(conn, world):
         snap = datasets.create_snapshot(
             c, tenant_id=tenant["id"], route=route["name"], method="kto"
         )
-        assert snap["n_train"] + snap["n_eval"] == 3
-        assert (
-            len(datasets.export_snapshot(c, snapshot_id=snap["id"], split="train"))
-            == snap["n_train"]
-        )
+        assert snap.n_train + snap.n_eval == 3
+        assert len(datasets.export_snapshot(c, snapshot_id=snap.id, split="train")) == snap.n_train
         with pytest.raises(psycopg.errors.InsufficientPrivilege):
             c.execute("SELECT * FROM train.kto_candidate")
         c.rollback()
@@ -986,12 +981,12 @@ def test_small_snapshot_still_has_one_eval_example_and_verifies(conn, world):
         log(conn, tenant, route, messages=_user(f"question {i}"), completion="a", fb_explicit=1)
     # eval_pct 1: with three examples, no bucket is likely below it, yet one goes to eval.
     snap = _snapshot(conn, tenant, route, "kto", dedup_threshold=0, eval_pct=1)
-    assert (snap["n_train"], snap["n_eval"]) == (2, 1)
-    assert datasets.verify_snapshot(conn, snapshot_id=snap["id"])["split_ok"] is True
+    assert (snap.n_train, snap.n_eval) == (2, 1)
+    assert datasets.verify_snapshot(conn, snapshot_id=str(snap.id)).split_ok is True
     again = _snapshot(conn, tenant, route, "kto", dedup_threshold=0, eval_pct=1)
     ev = lambda s: {r["example_hash"] for r in conn.execute(  # noqa: E731
         "SELECT example_hash FROM train.dataset_example WHERE snapshot_id=%s AND split='eval'",
-        (s["id"],)).fetchall()}  # fmt: skip
+        (s.id,)).fetchall()}  # fmt: skip
     assert ev(snap) == ev(again)
     none = _snapshot(conn, tenant, route, "kto", dedup_threshold=0, eval_pct=0)
-    assert none["n_eval"] == 0
+    assert none.n_eval == 0

@@ -68,14 +68,14 @@ def test_export_loads_and_trainer_prepares_it(conn, tmp_path, tiny, method):
     snap = datasets.create_snapshot(
         conn, tenant_id=tenant["id"], route=route["name"], method=method, eval_pct=25
     )
-    assert snap["n_train"] > 0 and snap["n_eval"] > 0
+    assert snap.n_train > 0 and snap.n_eval > 0
     files = {}
     for split in ("train", "eval"):
         files[split] = str(tmp_path / f"{split}.jsonl")
-        n = datasets.write_jsonl(conn, snapshot_id=snap["id"], split=split, out=Path(files[split]))
-        assert n == snap[f"n_{split}"]
+        n = datasets.write_jsonl(conn, snapshot_id=snap.id, split=split, out=Path(files[split]))
+        assert n == getattr(snap, f"n_{split}")
     ds = load_dataset("json", data_files=files)
-    assert ds["train"].num_rows == snap["n_train"] and ds["eval"].num_rows == snap["n_eval"]
+    assert ds["train"].num_rows == snap.n_train and ds["eval"].num_rows == snap.n_eval
 
     tok, make_model = tiny
     common = {
@@ -144,7 +144,7 @@ def test_export_loads_and_trainer_prepares_it(conn, tmp_path, tiny, method):
         cols = {"chosen_input_ids", "rejected_input_ids"}
     prepared = trainer.train_dataset
     assert cols <= set(prepared.column_names), prepared.column_names
-    assert prepared.num_rows == snap["n_train"]
+    assert prepared.num_rows == snap.n_train
     # The assistant's text made it into the tokens.
     first = ds["train"][0]
     key = {"sft": "input_ids", "kto": "completion_ids", "dpo": "chosen_ids"}.get(

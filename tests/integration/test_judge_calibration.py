@@ -291,10 +291,10 @@ def test_the_evaluator_calibrates_its_judge_once_then_judges(
     cand = make_adapter(conn, route=route)["id"]
     with connect(db_url, "w-test") as ev:
         first = judge.ensure_calibrated(ev, settings, suite)
-        assert first is not None and first["n"] == 4
-        assert first["author"] == f"evaluator {EVALUATOR} w-test"
+        assert first is not None and first.n == 4
+        assert first.author == f"evaluator {EVALUATOR} w-test"
         again = judge.ensure_calibrated(ev, settings, suite)  # calibrated: not run again
-        assert again is not None and again["id"] == first["id"]
+        assert again is not None and again.id == first.id
         scored = judge.judge_suite(settings, suite, cases, lambda messages, n: "2 + 2 is 4.")
         assert scored["_judge_model"] == JUDGE
         assert scored["_rubric_version"] == evals.rubric_version(RUBRIC)

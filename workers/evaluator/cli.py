@@ -83,14 +83,17 @@ def _calibrate(settings: Any, url: str, suite_id: str, tenant: str | None, worke
         try:
             tenant_id = evals.suite_tenant(conn, suite_id=suite_id, tenant=tenant)
             suite = evals.get_suite_or_raise(conn, tenant_id=tenant_id, suite_id=suite_id)
-            cal = judge.calibrate(conn, settings, suite)
+            # The judge reads suites as the evaluator's rows: the tenant's id beside the suite.
+            cal = judge.calibrate(conn, settings, suite.model_dump() | {"tenant_id": tenant_id})
         except (CftError, ValueError) as exc:
             print(f"cannot calibrate: {exc}", file=sys.stderr)
             return 1
-    kappa = "undefined" if cal["kappa"] is None else f"{cal['kappa']:.3f}"
+    kappa = "undefined" if cal.kappa is None else f"{cal.kappa:.3f}"
+    accuracy = "undefined" if cal.accuracy is None else f"{cal.accuracy:.3f}"
+    bias = "undefined" if cal.bias is None else f"{cal.bias:+.3f}"
     print(
-        f"judge {cal['judge_model']} (rubric {cal['rubric_version']}) on {suite_id}:"
-        f" n={cal['n']} accuracy={cal['accuracy']:.3f} kappa={kappa} bias={cal['bias']:+.3f}"
+        f"judge {cal.judge_model} (rubric {cal.rubric_version}) on {suite_id}:"
+        f" n={cal.n} accuracy={accuracy} kappa={kappa} bias={bias}"
     )
     return 0
 

@@ -13,6 +13,7 @@ import psycopg
 
 from app.core.config import Settings
 from app.evals import service as evals
+from app.evals.schemas import JudgeCalibrationOut
 from workers.evaluator import scoring
 
 _SCORE = re.compile(r"\d+(\.\d+)?")
@@ -105,7 +106,7 @@ def judge_suite(
 
 def calibrate(
     conn: psycopg.Connection[Any], settings: Settings, suite: dict[str, Any]
-) -> dict[str, Any]:
+) -> JudgeCalibrationOut:
     """Run the judge on the suite's calibration set and store its agreement with people."""
     cases = evals.calibration_cases(
         conn, tenant_id=int(suite["tenant_id"]), suite_id=str(suite["id"])
@@ -116,8 +117,8 @@ def calibrate(
     verdicts = []
     with Judge(settings) as judge:
         for case in cases:
-            reply = judge.ask(rubric, case["messages"], case["answer"])
-            verdicts.append({"case_id": case["id"], "score": parse_score(reply), "reply": reply})
+            reply = judge.ask(rubric, case.messages, case.answer)
+            verdicts.append({"case_id": case.id, "score": parse_score(reply), "reply": reply})
     return evals.record_calibration(
         conn,
         tenant_id=int(suite["tenant_id"]),
@@ -130,7 +131,7 @@ def calibrate(
 
 def ensure_calibrated(
     conn: psycopg.Connection[Any], settings: Settings, suite: dict[str, Any]
-) -> dict[str, Any] | None:
+) -> JudgeCalibrationOut | None:
     """The judge's calibration on the suite for its rubric, run now if it has none (None: the
     suite has no calibration set)."""
     found = evals.get_calibration(

@@ -273,11 +273,11 @@ class Evaluator:
             if cal is not None:
                 log.info(
                     "judge %s on suite %s: kappa %s, accuracy %s (n=%s)",
-                    cal["judge_model"],
+                    cal.judge_model,
                     suite["id"],
-                    cal["kappa"],
-                    cal["accuracy"],
-                    cal["n"],
+                    cal.kappa,
+                    cal.accuracy,
+                    cal.n,
                 )
         sid = str(suite["id"])
         who: list[tuple[str, str | None, Path | None]] = [

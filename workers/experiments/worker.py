@@ -22,16 +22,16 @@ def run_once(url: str) -> int:
             try:
                 with conn.transaction():
                     for d in experiments.run_policy(conn, tenant_id=tenant_id, route=route):
-                        if d["id"] is not None:
+                        if d.id is not None:
                             recorded += 1
                             log.info(
                                 "%s/%s %s: %s %s (%s)",
                                 tenant_id,
                                 route,
-                                d["canary_id"],
-                                d["action"],
-                                d["code"],
-                                d["reason"],
+                                d.canary_id,
+                                d.action,
+                                d.code,
+                                d.reason,
                             )
             except Exception:
                 log.exception("experiment policy of route %s/%s failed", tenant_id, route)

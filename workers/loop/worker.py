@@ -61,8 +61,8 @@ class LoopWorker:
                 self._refreshed = time.monotonic()
             with conn.transaction():
                 for c in cycles.start_due(conn):
-                    LOOP_CYCLES_STARTED.labels(c["trigger"]).inc()
-                    log.info("cycle %s of %s started by %s", c["id"], c["route"], c["trigger"])
+                    LOOP_CYCLES_STARTED.labels(c.trigger).inc()
+                    log.info("cycle %s of %s started by %s", c.id, c.route, c.trigger)
             while n < MAX_STEPS_PER_PASS and not self.stop.is_set():
                 if steps.drive_one(conn, worker_id=self.worker_id, lease_s=self.lease_s) is None:
                     break

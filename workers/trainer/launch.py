@@ -182,7 +182,7 @@ def train_distributed(
     *,
     base_model: str,
     models_dir: Path,
-    params: dict[str, Any],
+    params: Hyperparameters | dict[str, Any],
     world_size: int,
     kind: str,
     gpu_memory_gb: float | None,
@@ -193,7 +193,7 @@ def train_distributed(
     poll_s: float = 1.0,
 ) -> TrainResult:
     """Train one adapter on world_size ranks through accelerate launch; rank 0 writes it."""
-    hp = Hyperparameters(**params)
+    hp = params if isinstance(params, Hyperparameters) else Hyperparameters(**params)
     strategy = choose_strategy(
         hp, kind=kind, gpu_memory_gb=gpu_memory_gb, base_model=base_model, models_dir=models_dir
     )
@@ -206,7 +206,8 @@ def train_distributed(
         "out_dir": str(out_dir),
         "base_model": base_model,
         "models_dir": str(models_dir),
-        "params": params,
+        # Only what the caller set: the ranks tell unset from default as train_adapter does.
+        "params": hp.model_dump(mode="json", exclude_unset=True),
         "provenance": provenance or {},
         "strategy": strategy,
         "progress_path": str(progress_path),

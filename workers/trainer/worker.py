@@ -33,7 +33,14 @@ from psycopg.rows import dict_row
 from psycopg.types.json import Jsonb
 
 from app.adapters import service as adapters
-from app.core.artefacts import ArtefactError, ArtefactExists, LocalStore, S3Store, describe
+from app.core.artefacts import (
+    ArtefactError,
+    ArtefactExists,
+    LocalStore,
+    S3Store,
+    StoredArtefact,
+    describe,
+)
 from app.core.config import get_settings
 from app.core.errors import NotFound
 from app.engines import compat
@@ -42,7 +49,7 @@ from workers.trainer.base_cache import BaseCache
 from workers.trainer.data import TrainingDataError
 from workers.trainer.devices import Capacity, detect_capacity
 from workers.trainer.launch import train_distributed
-from workers.trainer.train import Progress, TrainingCancelled, train_adapter
+from workers.trainer.train import Progress, TrainingCancelled, TrainResult, train_adapter
 
 log = logging.getLogger(__name__)
 
@@ -296,45 +303,56 @@ class Worker:
         log.info("run %s: %s (%s)", run_id, row["status"] if row else "not ours", error)
 
     def _train_and_register(self, run: dict[str, Any], hb: _Heartbeat, work: Path) -> None:
-        run_id: uuid.UUID = run["id"]
+        """Train a claimed run, store its adapter, and register it as the route's candidate."""
+        hp = Hyperparameters(**(run["params"] or {}))
+        snap = self._data(run, work / "data")
+        result = self._train(run, hp, snap, hb, work)
+        if hb.lost:
+            raise LeaseLost("lease lost during training; not registering")
+        if hb.cancelled:
+            raise TrainingCancelled("cancel requested")
+        name = adapter_name(run["tenant_id"], run["route"], run["id"], int(run["attempts"]))
+        stored = self._store(result, run["route"], name)
+        self._register(run, hp, name, stored, result, hb)
+        log.info(
+            "run %s succeeded: adapter %s at %s (sha256 %s)",
+            run["id"],
+            name,
+            stored.uri,
+            stored.sha256,
+        )
+
+    def _data(self, run: dict[str, Any], dest: Path) -> dict[str, Any]:
+        """The run's snapshot written to dest (train.jsonl, eval.jsonl); its row."""
         if run["snapshot_id"] is None:
             raise TrainingDataError("the run has no dataset snapshot")
         with _connect(self.cfg.db_url) as conn:
-            snap = export_snapshot(conn, run["snapshot_id"], work / "data")
+            snap = export_snapshot(conn, run["snapshot_id"], dest)
         if snap["tenant_id"] != run["tenant_id"]:
             raise TrainingDataError("the snapshot belongs to another tenant")
-        hp = Hyperparameters(**(run["params"] or {}))
-        out = work / "adapter"
+        return snap
+
+    def _train(
+        self,
+        run: dict[str, Any],
+        hp: Hyperparameters,
+        snap: dict[str, Any],
+        hb: _Heartbeat,
+        work: Path,
+    ) -> TrainResult:
+        """Train in this process, or on the worker's devices through accelerate (gpus > 1)."""
+        data = work / "data"
         provenance = {
             "snapshot_id": str(run["snapshot_id"]),
             "set_hash": snap["set_hash"],
-            "training_run_id": str(run_id),
+            "training_run_id": str(run["id"]),
         }
-        if int(run["gpus"]) > 1:
-            cap = self.cfg.capacity
-            assert cap is not None  # set in WorkerConfig.__post_init__
-            result = train_distributed(
+        if int(run["gpus"]) <= 1:
+            return train_adapter(
                 run["method"],
-                work / "data" / "train.jsonl",
-                work / "data" / "eval.jsonl",
-                out,
-                base_model=run["base_model"],
-                models_dir=self.cfg.models_dir,
-                params=dict(run["params"] or {}),
-                world_size=int(run["gpus"]),
-                kind=cap.kind,
-                gpu_memory_gb=cap.gpu_memory_gb,
-                work=work / "launch",
-                progress_cb=hb.update,
-                should_stop=lambda: hb.cancelled or hb.lost,
-                provenance=provenance,
-            )
-        else:
-            result = train_adapter(
-                run["method"],
-                work / "data" / "train.jsonl",
-                work / "data" / "eval.jsonl",
-                out,
+                data / "train.jsonl",
+                data / "eval.jsonl",
+                work / "adapter",
                 base_model=run["base_model"],
                 models_dir=self.cfg.models_dir,
                 params=hp,
@@ -342,18 +360,45 @@ class Worker:
                 provenance=provenance,
                 bases=self.cfg.bases,
             )
-        if hb.lost:
-            raise LeaseLost("lease lost during training; not registering")
-        if hb.cancelled:
-            raise TrainingCancelled("cancel requested")
-        name = adapter_name(run["tenant_id"], run["route"], run_id, int(run["attempts"]))
+        cap = self.cfg.capacity
+        assert cap is not None  # set in WorkerConfig.__post_init__
+        return train_distributed(
+            run["method"],
+            data / "train.jsonl",
+            data / "eval.jsonl",
+            work / "adapter",
+            base_model=run["base_model"],
+            models_dir=self.cfg.models_dir,
+            params=hp,
+            world_size=int(run["gpus"]),
+            kind=cap.kind,
+            gpu_memory_gb=cap.gpu_memory_gb,
+            work=work / "launch",
+            progress_cb=hb.update,
+            should_stop=lambda: hb.cancelled or hb.lost,
+            provenance=provenance,
+        )
+
+    def _store(self, result: TrainResult, route: str, name: str) -> StoredArtefact:
+        """Check the adapter every engine must load, then store it as route/name."""
         # Never register what the engines would refuse (NotLoadable: a ValueError, not retried).
-        compat.check_or_raise(out, max_lora_rank=get_settings().engine_max_lora_rank)
-        sha, _ = describe(out)
+        compat.check_or_raise(result.out_dir, max_lora_rank=get_settings().engine_max_lora_rank)
+        sha, _ = describe(result.out_dir)
         if sha != result.manifest["files"]["adapter_model.safetensors"]["sha256"]:
             raise ArtefactError("adapter weights changed between training and upload")
-        stored = self.cfg.store.put_dir(out, run["route"], name)
-        man = result.manifest
+        return self.cfg.store.put_dir(result.out_dir, route, name)
+
+    def _register(
+        self,
+        run: dict[str, Any],
+        hp: Hyperparameters,
+        name: str,
+        stored: StoredArtefact,
+        result: TrainResult,
+        hb: _Heartbeat,
+    ) -> None:
+        """The candidate row and the run's success in one transaction, or neither (LeaseLost:
+        the run is no longer this worker's)."""
         progress = (hb.progress or {}) | {"metrics": result.metrics}
         with _connect(self.cfg.db_url) as conn, conn.transaction():
             try:
@@ -363,12 +408,12 @@ class Worker:
                     tenant_id=run["tenant_id"],
                     route=run["route"],
                     base_model=run["base_model"],
-                    base_revision=man["base_revision"],
+                    base_revision=result.manifest["base_revision"],
                     rank=hp.rank,
                     alpha=hp.alpha,
                     target_modules=hp.target_modules,
                     method=run["method"],
-                    training_run_id=run_id,
+                    training_run_id=run["id"],
                     dataset_snapshot_id=run["snapshot_id"],
                     weights_uri=stored.uri,
                     sha256=stored.sha256,
@@ -379,12 +424,11 @@ class Worker:
                 raise TrainingDataError(str(exc)) from exc
             ok = conn.execute(
                 "SELECT train.finish_training_run(%s, %s, %s, %s) AS ok",
-                (run_id, self.cfg.worker_id, name, Jsonb(progress)),
+                (run["id"], self.cfg.worker_id, name, Jsonb(progress)),
             ).fetchone()
             if not ok or not ok["ok"]:
                 # Rolls back the adapter row: the run was reclaimed or cancelled meanwhile.
-                raise LeaseLost(f"run {run_id} is no longer ours; adapter {name} not registered")
-        log.info("run %s succeeded: adapter %s at %s (sha256 %s)", run_id, name, stored.uri, sha)
+                raise LeaseLost(f"run {run['id']} is no longer ours; adapter {name} not registered")
 
 
 def from_settings(**over: Any) -> WorkerConfig:
