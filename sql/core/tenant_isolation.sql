@@ -19,7 +19,8 @@ DECLARE
   t text;
 BEGIN
   FOREACH t IN ARRAY ARRAY['obs.inference_log', 'obs.request_key', 'serve.route', 'serve.adapter',
-                           'serve.adapter_event', 'train.dataset_snapshot', 'train.training_run']
+                           'serve.adapter_event', 'train.dataset_snapshot', 'train.training_run',
+                           'train.training_file', 'train.fine_tuning_job', 'train.fine_tuning_event']
   LOOP
     EXECUTE format('ALTER TABLE %s ENABLE ROW LEVEL SECURITY', t);
     EXECUTE format('DROP POLICY IF EXISTS tenant_isolation ON %s', t);

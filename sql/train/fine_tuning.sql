@@ -57,22 +57,7 @@ COMMENT ON COLUMN train.fine_tuning_event.message IS 'What happened, in words.';
 COMMENT ON COLUMN train.fine_tuning_event.data IS
   'Its numbers (a step''s loss) or the ids behind it (run, snapshot, adapter, route).';
 
-DO $$
-DECLARE
-  t text;
-BEGIN
-  FOREACH t IN ARRAY ARRAY['train.training_file', 'train.fine_tuning_job', 'train.fine_tuning_event']
-  LOOP
-    EXECUTE format('ALTER TABLE %s ENABLE ROW LEVEL SECURITY', t);
-    EXECUTE format('DROP POLICY IF EXISTS tenant_isolation ON %s', t);
-    EXECUTE format('DROP POLICY IF EXISTS read_all ON %s', t);
-    EXECUTE format('CREATE POLICY tenant_isolation ON %s TO cft_app
-                      USING (tenant_id = auth.current_tenant_id())
-                      WITH CHECK (tenant_id = auth.current_tenant_id())', t);
-    EXECUTE format('CREATE POLICY read_all ON %s FOR SELECT TO cft_dashboard, cft_release USING (true)', t);
-  END LOOP;
-END
-$$;
+-- Row-level security of the three tables: sql/core/tenant_isolation.sql.
 
 GRANT SELECT, INSERT, DELETE ON train.training_file TO cft_app;
 GRANT SELECT, INSERT ON train.fine_tuning_job, train.fine_tuning_event TO cft_app;
