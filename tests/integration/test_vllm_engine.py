@@ -270,16 +270,21 @@ def test_router_and_reconciler_serve_an_adapter_through_vllm_streaming_included(
     assert "LoRA rank 32 is greater than max_lora_rank 16" in error
     assert stack.deployment(big)["state"] == "failed" and big not in served(vllm_server.url)
     # Its users get a 503 that says so (the route has no fallback), the others prod.
-    got = set()
+    got: dict[str, str] = {}
     for i in range(12):
         r = stack.call(api, f"u{i}")
-        got.add(r.headers["x-cft-adapter"] if r.status_code == 200 else r.json()["error"]["code"])
-    assert got == {prod, "adapter_not_loaded"}
+        got[f"u{i}"] = (
+            r.headers["x-cft-adapter"] if r.status_code == 200 else r.json()["error"]["code"]
+        )
+    assert set(got.values()) == {prod, "adapter_not_loaded"}
 
+    # Retired, prod leaves vLLM, and its users (the control arm: the canary's bucket range
+    # depends on the random route name, so pick a user the split gave prod) get the base.
     stack.retire(prod)
     wait_until(lambda: prod not in served(vllm_server.url), "the unload", 60)
     wait_until(lambda: stack.deployment(prod)["state"] == "unloaded", "the unload recorded")
-    resp = stack.call(api)
+    control = next(user for user, got_ in got.items() if got_ == prod)
+    resp = stack.call(api, control)
     assert resp.status_code == 200 and resp.headers["x-cft-adapter"] == BASE
 
 
@@ -311,19 +316,22 @@ def test_lazy_kind_stages_and_vllm_loads_on_first_call(
     stack.sql("UPDATE serve.route SET fallback = 'prod' WHERE name = %s", stack.route["name"])
     big = stack.adapter(status="canary", pct=50, rank=32, source=adapters["rank32"])
     wait_until(lambda: stack.deployment(big).get("state") == "loaded", "the canary's staging")
-    seen = set()
+    seen: dict[str, tuple[str, str | None]] = {}
     for i in range(12):
         resp = stack.call(api, f"user-{i}")
         assert resp.status_code == 200, resp.text
-        seen.add((resp.headers["x-cft-adapter"], resp.headers.get("x-cft-fallback")))
-    assert seen == {(prod, None), (prod, "adapter_error")}  # canary users fell back to prod
+        seen[f"user-{i}"] = (resp.headers["x-cft-adapter"], resp.headers.get("x-cft-fallback"))
+    # canary users fell back to prod
+    assert set(seen.values()) == {(prod, None), (prod, "adapter_error")}
     assert big not in served(vllm_server.url)
 
-    # Retired, it leaves vLLM too (a lazy load stays until unloaded by name).
+    # Retired, it leaves vLLM too (a lazy load stays until unloaded by name), and the control
+    # arm's users get the base (the canary's users, a random half, would get its 503).
     stack.retire(prod)
     wait_until(lambda: stack.deployment(prod)["state"] == "unloaded", "the unload recorded")
     assert prod not in served(vllm_server.url)
-    assert stack.call(api).headers["x-cft-adapter"] == BASE
+    control = next(user for user, got in seen.items() if got == (prod, None))
+    assert stack.call(api, control).headers["x-cft-adapter"] == BASE
 
 
 def test_vllm_resolver_refuses_an_adapter_staged_for_another_base(
