@@ -167,6 +167,13 @@ class Settings(BaseSettings):
         description="The router writes its logs from a child process (keeps that work off the"
         " serving process's GIL); false = a thread of the router.",
     )
+    eval_concurrency: int = Field(
+        8,
+        ge=1,
+        le=256,
+        description="Task-suite cases the evaluator keeps in flight on the engine at once (the"
+        " engine batches them); 1 = one after another.",
+    )
     eval_judge_url: str | None = Field(
         None, description="OpenAI-compatible base URL of an LLM judge; unset = no judging."
     )

@@ -88,7 +88,10 @@ def _reference_scores(
             (suite, metric): v
             for suite, metrics in base.items()
             for metric, score in (metrics or {}).items()
-            if (v := _finite(score)) is not None
+            # Numbers only: "_judge_model" and the like describe the run, and n is a count.
+            if not metric.startswith("_")
+            and isinstance(score, int | float)
+            and (v := _finite(score)) is not None
         }
         return "the base model", scores
     found = _results(conn, current)

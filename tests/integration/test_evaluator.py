@@ -18,7 +18,8 @@ from app.core.config import Settings
 from tests.support.factories import make_adapter, make_route, make_tenant
 from tests.support.lora import make_adapter_dir
 from tests.support.training import make_snapshot
-from workers.evaluator.worker import EVALUATOR, EvalConfig, Evaluator
+from workers import base_model
+from workers.evaluator.worker import EVALUATOR, BaseScores, EvalConfig, Evaluator
 
 QV = ("q_proj", "v_proj")
 
@@ -220,3 +221,59 @@ def test_requests_and_cli_once(
     ).fetchone()
     assert req == {"status": "done", "error": None}
     assert (f"heldout:{world['snap']['id']}", "loss") in _scores(conn, cand["id"])
+
+
+def _summary(conn: Any, adapter_id: str) -> dict[str, Any]:
+    row = conn.execute("SELECT eval_summary FROM serve.adapter WHERE id = %s", (adapter_id,))
+    return dict(row.fetchone()["eval_summary"])
+
+
+def test_the_base_is_scored_ahead_of_the_first_candidate_and_once_per_suite_and_split(
+    conn: Any,
+    db_url: str,
+    models_dir: Path,
+    settings: Settings,
+    weights: dict[str, Path],
+    world: dict[str, Any],
+    evaluator: Evaluator,
+) -> None:
+    """The bare base's scores do not change between candidates: scored while the route's loop
+    waits for signal, kept per suite (its cases as they are) and per held-out split, and
+    scored anew once a case changes."""
+    evaluator.cfg.db_url = db_url
+    evaluator.base_scores = BaseScores()
+    route, suite = world["route"], world["suite"]
+    # Only a route whose loop is on is scored ahead.
+    assert not evaluator.warm(conn)
+    conn.execute(
+        "INSERT INTO loop.policy (route, tenant_id, enabled) VALUES (%s, %s, true)",
+        (route["name"], world["tenant"]["id"]),
+    )
+    assert evaluator.warm(conn)  # the suite's base score, ahead of any candidate
+    assert not evaluator.warm(conn)  # kept: nothing left to score
+
+    snap = world["snap"]["id"]
+    # As the trainer records it: the revision of the base it trained on.
+    _, revision = base_model.resolve(route["base_model"], models_dir)
+    trained = {"dataset_snapshot_id": snap, "base_revision": revision}
+    first = _register(conn, settings, route, weights["good"], **trained)
+    assert _run(evaluator, db_url) == 1
+    one = _summary(conn, first["id"])
+    assert one["base_scores_reused"] == 1  # the suite's; the split's is new
+    assert one["results"]["base"][suite] == {"pass_rate": 1.0, "n": 1, "passed": 1}
+
+    # A second setting on the same snapshot (the loop's sweep): both of the base's scores kept,
+    # the same numbers as computed.
+    second = _register(conn, settings, route, weights["bad"], **trained)
+    assert _run(evaluator, db_url) == 1
+    two = _summary(conn, second["id"])
+    assert two["base_scores_reused"] == 2
+    assert two["results"]["base"] == one["results"]["base"]
+
+    # A changed case is scored anew: the base now fails it.
+    conn.execute("UPDATE train.eval_case SET expected = '0' WHERE suite_id = %s", (suite,))
+    third = _register(conn, settings, route, weights["good"], **trained)
+    assert _run(evaluator, db_url) == 1
+    three = _summary(conn, third["id"])
+    assert three["base_scores_reused"] == 1  # the split's only
+    assert three["results"]["base"][suite]["pass_rate"] == 0.0

@@ -295,7 +295,9 @@ def test_the_evaluator_calibrates_its_judge_once_then_judges(
         assert first.author == f"evaluator {EVALUATOR} w-test"
         again = judge.ensure_calibrated(ev, settings, suite)  # calibrated: not run again
         assert again is not None and again.id == first.id
-        scored = judge.judge_suite(settings, suite, cases, lambda messages, n: "2 + 2 is 4.")
+        scored = judge.judge_suite(
+            settings, suite, cases, lambda chats: ["2 + 2 is 4."] * len(chats)
+        )
         assert scored["_judge_model"] == JUDGE
         assert scored["_rubric_version"] == evals.rubric_version(RUBRIC)
         write_results(ev, cand, {suite_id: scored}, replace=True)

@@ -85,15 +85,15 @@ def judge_suite(
     settings: Settings,
     suite: dict[str, Any],
     cases: list[dict[str, Any]],
-    generate: scoring.Generate,
+    answer: scoring.Answer,
 ) -> dict[str, Any]:
     """Mean judge score (0-10) of the answers; an unparsable verdict is NaN (fails closed)."""
     rubric = rubric_of(settings, suite)
     scores: list[float] = []
+    answers = scoring.answer_cases(cases, answer)
     with Judge(settings) as judge:
-        for case in cases:
-            answer = generate(case["messages"], int(case["max_tokens"]))
-            score = parse_score(judge.ask(rubric, case["messages"], answer))
+        for case, text in zip(cases, answers, strict=True):
+            score = parse_score(judge.ask(rubric, case["messages"], text))
             scores.append(math.nan if score is None else score)
     mean = sum(scores) / len(scores) if scores else math.nan
     return {

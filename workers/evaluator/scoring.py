@@ -177,48 +177,49 @@ def generate_batch(
     return [str(tok.decode(o[width:], skip_special_tokens=True)) for o in out]
 
 
-Generate = Callable[[list[dict[str, Any]], int], str]
+# Answers to many chats at once: [(messages, max_tokens), ...] -> the answers, in order. The
+# in-process path batches them; the engine path keeps several in flight (the engine batches).
+Answer = Callable[[list[tuple[list[dict[str, Any]], int]]], list[str]]
+
+# Chats generated in one batch in process (left-padded: padding costs compute on the CPU).
+LOCAL_BATCH = 16
 
 
-def pass_rate(
-    cases: list[dict[str, Any]], generate: Generate
-) -> tuple[float, list[dict[str, Any]]]:
-    """Pass rate of cases answered by generate(messages, max_tokens), and each case's outcome."""
-    outcomes = []
-    for case in cases:
-        text = generate(case["messages"], int(case["max_tokens"]))
-        outcomes.append(
-            {
-                "case_id": case["id"],
-                "passed": checks.check(case["check_kind"], case["expected"], text),
-                "answer": text,
-            }
-        )
+def answer_cases(cases: list[dict[str, Any]], answer: Answer) -> list[str]:
+    """Each case's answer (its messages, up to its max_tokens), in order."""
+    return answer([(case["messages"], int(case["max_tokens"])) for case in cases])
+
+
+def pass_rate(cases: list[dict[str, Any]], answer: Answer) -> tuple[float, list[dict[str, Any]]]:
+    """Pass rate of cases answered by `answer`, and each case's outcome."""
+    outcomes = [
+        {
+            "case_id": case["id"],
+            "passed": checks.check(case["check_kind"], case["expected"], text),
+            "answer": text,
+        }
+        for case, text in zip(cases, answer_cases(cases, answer), strict=True)
+    ]
     if not outcomes:
         return math.nan, outcomes
     return sum(o["passed"] for o in outcomes) / len(outcomes), outcomes
 
 
-def local_generate(model: Any, tok: Any) -> Generate:
-    """Greedy generation with the in-process model (adapter state as set by the caller)."""
+def local_answers(model: Any, tok: Any) -> Answer:
+    """Greedy answers by the in-process model (adapter state as set by the caller), in batches
+    of up to LOCAL_BATCH chats that share a max_tokens."""
 
-    def generate(messages: list[dict[str, Any]], max_tokens: int) -> str:
-        import torch
+    def answer(chats: list[tuple[list[dict[str, Any]], int]]) -> list[str]:
+        out: list[str | None] = [None] * len(chats)
+        by_length: dict[int, list[int]] = {}
+        for i, (_, max_tokens) in enumerate(chats):
+            by_length.setdefault(max_tokens, []).append(i)
+        for max_tokens, indexes in by_length.items():
+            for at in range(0, len(indexes), LOCAL_BATCH):
+                chunk = indexes[at : at + LOCAL_BATCH]
+                texts = generate_batch(model, tok, [chats[i][0] for i in chunk], max_tokens)
+                for i, text in zip(chunk, texts, strict=True):
+                    out[i] = text
+        return [text or "" for text in out]
 
-        ids = tok.apply_chat_template(
-            messages, tokenize=True, add_generation_prompt=True, return_dict=False
-        )
-        ids = list(ids if isinstance(ids, list) else ids["input_ids"])
-        device = next(model.parameters()).device
-        x = torch.tensor([ids], device=device)
-        with torch.no_grad():
-            out = model.generate(
-                input_ids=x,
-                attention_mask=torch.ones_like(x),
-                max_new_tokens=max_tokens,
-                do_sample=False,
-                pad_token_id=tok.pad_token_id,
-            )
-        return str(tok.decode(out[0, len(ids) :], skip_special_tokens=True))
-
-    return generate
+    return answer

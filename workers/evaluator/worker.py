@@ -19,6 +19,8 @@ Workers wake on NOTIFY cft_eval and poll as a fallback.
 
 from __future__ import annotations
 
+import hashlib
+import json
 import logging
 import math
 import os
@@ -27,9 +29,11 @@ import socket
 import tempfile
 import threading
 import uuid
-from collections.abc import Iterator
-from contextlib import contextmanager
+from collections.abc import Callable, Iterator
+from concurrent.futures import ThreadPoolExecutor
+from contextlib import contextmanager, nullcontext
 from dataclasses import dataclass, field
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -63,6 +67,8 @@ class EvalConfig:
     worker_id: str = ""
     lease_s: float = 900.0
     poll_s: float = 5.0
+    # While idle, score the bare base on looped routes' suites ahead of their candidates.
+    warm: bool = True
 
     def __post_init__(self) -> None:
         if not self.worker_id:
@@ -92,6 +98,10 @@ class Evaluator:
         self._base: Any = None
         self._base_name: str | None = None
         self._tok: Any = None
+        # The bare base's scores, which a new candidate does not change: per task suite (its
+        # cases as they are now), and per held-out split (a settings sweep trains several
+        # candidates on one snapshot). Keyed by what they depend on (BaseScores.key).
+        self.base_scores = BaseScores()
 
     # -- queue ---------------------------------------------------------------------------------
     def run_once(self) -> int:
@@ -114,12 +124,24 @@ class Evaluator:
         with connect(self.cfg.db_url, self.cfg.worker_id) as listen:
             listen.execute(f"LISTEN {CHANNEL}")
             while not self.stop.is_set():
+                warmed = False
                 try:
-                    self.run_once()
+                    if self.run_once() == 0 and self.cfg.warm:
+                        warmed = self._warm_once()
                 except psycopg.Error as exc:
                     log.error("evaluator pass failed: %s", exc)
-                for _ in listen.notifies(timeout=self.cfg.poll_s, stop_after=1):
+                # After a warm-up, look for requests at once (then warm the next suite).
+                for _ in listen.notifies(timeout=0 if warmed else self.cfg.poll_s, stop_after=1):
                     pass
+
+    def _warm_once(self) -> bool:
+        with connect(self.cfg.db_url, self.cfg.worker_id) as conn:
+            try:
+                return self.warm(conn)
+            except (httpx.HTTPError, RuntimeError) as exc:
+                # The engine is not up yet, say: a request scores the base itself.
+                log.warning("scoring the base ahead of candidates failed: %s", exc)
+                return False
 
     def process(self, conn: psycopg.Connection[Any], req: dict[str, Any]) -> None:
         """Evaluate one request's adapter and record the outcome on the request."""
@@ -171,8 +193,8 @@ class Evaluator:
             log.warning("current prod %s cannot be evaluated like for like: skipped", prod["id"])
             prod = None
         base, tok = self._load_base(str(cand["base_model"]))
-        engines = self.cfg.engine_urls
-        mode = f"engine {engines[0]}" if engines else "in-process"
+        mode = self.mode
+        reused = self.base_scores.hits
         results: dict[str, dict[str, dict[str, Any]]] = {"candidate": {}, "current": {}, "base": {}}
         with tempfile.TemporaryDirectory(prefix="cft-eval-") as tmp:
             cand_dir = fetch_verified(
@@ -201,6 +223,8 @@ class Evaluator:
             "mode": mode,
             "against": prod["id"] if prod else None,
             "results": results,
+            # How many of the base's scores were kept from an earlier evaluation or warm-up.
+            "base_scores_reused": self.base_scores.hits - reused,
         }
         with conn.transaction():
             write_results(conn, adapter_id, results["candidate"], replace=True)
@@ -241,8 +265,13 @@ class Evaluator:
 
         model.set_adapter("candidate")
         results["candidate"][suite] = score()
-        with model.disable_adapter():
-            results["base"][suite] = score()
+        key = self.base_scores.key(cand, "in-process", suite, method_name)
+
+        def base_score() -> dict[str, float]:
+            with model.disable_adapter():
+                return score()
+
+        results["base"][suite] = self.base_scores.get_or_compute(key, base_score)
         if prod is not None and not _has(conn, prod["id"], suite):
             model.set_adapter("current")
             results["current"][suite] = score()
@@ -289,28 +318,99 @@ class Evaluator:
             if not _has(conn, prod["id"], sid, metric):
                 who.append(("current", str(prod["id"]), prod_dir))
         for role, name, path in who:
-            with self._generator(model, tok, role, name, path) as generate:
-                if judge:
-                    results[role][sid] = judge_mod.judge_suite(settings, suite, cases, generate)
-                else:
-                    rate, outcomes = scoring.pass_rate(cases, generate)
-                    results[role][sid] = {
-                        "pass_rate": rate,
-                        "n": len(outcomes),
-                        "passed": sum(o["passed"] for o in outcomes),
-                    }
+            run = partial(self._suite_score, model, tok, suite, cases, role, name, path)
+            if role == "base":
+                key = self._base_suite_key(cand, suite, cases)
+                results[role][sid] = self.base_scores.get_or_compute(key, run)
+            else:
+                results[role][sid] = run()
+
+    @property
+    def mode(self) -> str:
+        """Where suites are answered: the first engine speaking vLLM's API, else in process."""
+        return f"engine {self.cfg.engine_urls[0]}" if self.cfg.engine_urls else "in-process"
+
+    def _base_suite_key(
+        self, base: dict[str, Any], suite: dict[str, Any], cases: list[dict[str, Any]]
+    ) -> str:
+        """The key of the bare base's score on a suite (`base`: base_model, base_revision)."""
+        judged_by: tuple[str, ...] = ()
+        if suite["kind"] == "judge":
+            rubric = judge_mod.rubric_of(self.cfg.settings, suite)
+            judged_by = (self.cfg.settings.eval_judge_model, rubric)
+        return self.base_scores.key(base, self.mode, str(suite["id"]), cases, *judged_by)
+
+    def _suite_score(
+        self,
+        model: Any,
+        tok: Any,
+        suite: dict[str, Any],
+        cases: list[dict[str, Any]],
+        role: str,
+        name: str | None,
+        path: Path | None,
+    ) -> dict[str, Any]:
+        """One model's score on a suite: the judge's mean, or the pass rate of its checks."""
+        with self._answerer(model, tok, role, name, path) as answer:
+            if suite["kind"] == "judge":
+                return judge_mod.judge_suite(self.cfg.settings, suite, cases, answer)
+            rate, outcomes = scoring.pass_rate(cases, answer)
+            return {
+                "pass_rate": rate,
+                "n": len(outcomes),
+                "passed": sum(o["passed"] for o in outcomes),
+            }
+
+    def warm(self, conn: psycopg.Connection[Any]) -> bool:
+        """While no request waits: score the bare base on one check suite of a route whose loop
+        is on, where no score is kept for its cases yet, so that the route's first candidate
+        is compared at once (the observe phase's traffic accrues meanwhile). True when it
+        scored one; one suite per call keeps a request that arrives from waiting long."""
+        rows = conn.execute(
+            "SELECT s.*, r.base_model FROM train.eval_suite s"
+            " JOIN loop.policy p ON p.tenant_id = s.tenant_id AND p.enabled"
+            " AND (s.route IS NULL OR s.route = p.route)"
+            " JOIN serve.route r ON r.tenant_id = p.tenant_id AND r.name = p.route"
+            " WHERE s.kind <> 'judge' ORDER BY s.id, r.base_model"
+        ).fetchall()
+        for suite in rows:
+            base_name = str(suite["base_model"])
+            try:
+                _, revision = base_model.resolve(base_name, self.cfg.models_dir)
+            except (OSError, ValueError) as exc:
+                log.debug("base %s cannot be resolved here: %s", base_name, exc)
+                continue
+            cases = conn.execute(
+                "SELECT * FROM train.eval_case WHERE tenant_id = %s AND suite_id = %s ORDER BY id",
+                (suite["tenant_id"], suite["id"]),
+            ).fetchall()
+            if not cases:
+                continue
+            base = {"base_model": base_name, "base_revision": revision}
+            key = self._base_suite_key(base, suite, cases)
+            if key in self.base_scores:
+                continue
+            model, tok = (None, None) if self.cfg.engine_urls else self._load_base(base_name)
+            score = self.base_scores.get_or_compute(
+                key, partial(self._suite_score, model, tok, suite, cases, "base", None, None)
+            )
+            log.info("base %s on suite %s, ahead of a candidate: %s", base_name, suite["id"], score)
+            return True
+        return False
 
     @contextmanager
-    def _generator(
+    def _answerer(
         self, model: Any, tok: Any, role: str, name: str | None, path: Path | None
-    ) -> Iterator[scoring.Generate]:
+    ) -> Iterator[scoring.Answer]:
         if not self.cfg.engine_urls:
             if role == "base":
-                with model.disable_adapter():
-                    yield scoring.local_generate(model, tok)
+                # A PEFT-wrapped base with its adapters off, or the bare base itself (warm).
+                peft = hasattr(model, "disable_adapter")
+                with model.disable_adapter() if peft else nullcontext():
+                    yield scoring.local_answers(model, tok)
             else:
                 model.set_adapter(role)
-                yield scoring.local_generate(model, tok)
+                yield scoring.local_answers(model, tok)
             return
         url = self.cfg.engine_urls[0].rstrip("/")
         with httpx.Client(base_url=url, timeout=self.cfg.settings.engine_timeout) as client:
@@ -322,7 +422,7 @@ class Evaluator:
                 model_name = name
                 loaded_here = _engine_load(client, name, path, self.cfg.settings)
             try:
-                yield _engine_generate(client, model_name)
+                yield _engine_answers(client, model_name, self.cfg.settings.eval_concurrency)
             finally:
                 # Candidates are not the reconciler's: unload what this evaluation loaded.
                 if loaded_here and role == "candidate":
@@ -362,8 +462,12 @@ def _engine_load(client: httpx.Client, name: str, path: Path | None, settings: S
     return True
 
 
-def _engine_generate(client: httpx.Client, model_name: str) -> scoring.Generate:
-    def generate(messages: list[dict[str, Any]], max_tokens: int) -> str:
+def _engine_answers(client: httpx.Client, model_name: str, concurrency: int) -> scoring.Answer:
+    """Greedy answers by the engine, up to `concurrency` requests in flight (the engine batches
+    them: on the CPU engine 8 at once take about as long as 2 one after another)."""
+
+    def one(chat: tuple[list[dict[str, Any]], int]) -> str:
+        messages, max_tokens = chat
         resp = client.post(
             "/v1/chat/completions",
             json={
@@ -376,7 +480,51 @@ def _engine_generate(client: httpx.Client, model_name: str) -> scoring.Generate:
         resp.raise_for_status()
         return str(resp.json()["choices"][0]["message"]["content"] or "")
 
-    return generate
+    def answer(chats: list[tuple[list[dict[str, Any]], int]]) -> list[str]:
+        if concurrency <= 1 or len(chats) <= 1:
+            return [one(chat) for chat in chats]
+        with ThreadPoolExecutor(min(concurrency, len(chats)), "cft-eval") as pool:
+            return list(pool.map(one, chats))
+
+    return answer
+
+
+class BaseScores:
+    """The bare base model's scores, kept between evaluations: a candidate is scored each
+    cycle, the base it is compared with does not change until its inputs do. A key holds
+    everything a score depends on (base model and revision, how it was generated, the suite
+    or split and its content), so a changed case or another base is scored anew. Bounded:
+    the oldest entry goes first."""
+
+    LIMIT = 256
+
+    def __init__(self) -> None:
+        self._scores: dict[str, dict[str, Any]] = {}
+        self.hits = 0
+
+    @staticmethod
+    def key(cand: dict[str, Any], mode: str, *parts: Any) -> str:
+        """The key of a base score: the candidate's base and revision, the mode, the parts."""
+        doc = [cand["base_model"], cand.get("base_revision"), mode, EVALUATOR, *parts]
+        raw = json.dumps(_json_safe(doc), sort_keys=True, default=str)
+        return hashlib.sha256(raw.encode()).hexdigest()
+
+    def __contains__(self, key: str) -> bool:
+        return key in self._scores
+
+    def get_or_compute(self, key: str, compute: Callable[[], dict[str, Any]]) -> dict[str, Any]:
+        """The score under key, computed (and kept, when every number in it is finite) when
+        missing: a NaN is scored again next time."""
+        found = self._scores.get(key)
+        if found is not None:
+            self.hits += 1
+            return dict(found)
+        score = compute()
+        if all(math.isfinite(v) for v in score.values() if isinstance(v, float)):
+            self._scores[key] = dict(score)
+            while len(self._scores) > self.LIMIT:
+                del self._scores[next(iter(self._scores))]
+        return score
 
 
 def _has(
