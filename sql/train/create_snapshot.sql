@@ -77,14 +77,7 @@ DECLARE
   v_snap    train.dataset_snapshot;
 BEGIN
   -- The API calls this as cft_app on behalf of one tenant: it may freeze only that tenant.
-  IF (current_setting('role') <> 'none' OR auth.current_tenant_id() IS NOT NULL)
-     AND p_tenant_id IS DISTINCT FROM auth.current_tenant_id() THEN
-    RAISE EXCEPTION 'a snapshot of tenant % can only be taken on its own behalf', p_tenant_id
-      USING ERRCODE = 'insufficient_privilege';
-  END IF;
-  IF NOT EXISTS (SELECT 1 FROM serve.route WHERE name = p_route AND tenant_id = p_tenant_id) THEN
-    RAISE EXCEPTION 'route % not found', p_route USING ERRCODE = 'no_data_found';
-  END IF;
+  PERFORM train.check_snapshot_scope(p_tenant_id, p_route);
   IF v_since >= v_until THEN
     RAISE EXCEPTION 'empty window: since % is not before until %', v_since, v_until
       USING ERRCODE = 'invalid_parameter_value';

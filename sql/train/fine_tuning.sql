@@ -86,14 +86,7 @@ DECLARE
   v_hash  text;
   v_snap  train.dataset_snapshot;
 BEGIN
-  IF (current_setting('role') <> 'none' OR auth.current_tenant_id() IS NOT NULL)
-     AND p_tenant_id IS DISTINCT FROM auth.current_tenant_id() THEN
-    RAISE EXCEPTION 'a snapshot of tenant % can only be taken on its own behalf', p_tenant_id
-      USING ERRCODE = 'insufficient_privilege';
-  END IF;
-  IF NOT EXISTS (SELECT 1 FROM serve.route WHERE name = p_route AND tenant_id = p_tenant_id) THEN
-    RAISE EXCEPTION 'route % not found', p_route USING ERRCODE = 'no_data_found';
-  END IF;
+  PERFORM train.check_snapshot_scope(p_tenant_id, p_route);
   IF jsonb_typeof(p_train) IS DISTINCT FROM 'array' OR jsonb_array_length(p_train) = 0
      OR jsonb_typeof(coalesce(p_eval, '[]')) <> 'array' THEN
     RAISE EXCEPTION 'a file snapshot needs a non-empty array of training examples'
