@@ -34,12 +34,18 @@ import os
 import re
 import tempfile
 from pathlib import Path
-from typing import TYPE_CHECKING, ClassVar
+from typing import ClassVar
 
-from app.engines.base import Answer, EngineKind, Kind, Outcome, failed_or_refused, json_object
-
-if TYPE_CHECKING:
-    import httpx
+from app.engines.base import (
+    Answer,
+    EngineKind,
+    Http,
+    HttpReply,
+    Kind,
+    Outcome,
+    failed_or_refused,
+    json_object,
+)
 
 _NO_RUNTIME_LORA = (
     "the engine has no /v1/load_lora_adapter route: start vLLM with"
@@ -52,7 +58,7 @@ _RESOLVED_REFUSED = b"was found but could not be loaded"
 CONFIG_FILE = "adapter_config.json"
 
 
-def error(resp: httpx.Response) -> tuple[str, str] | None:
+def error(resp: HttpReply) -> tuple[str, str] | None:
     """(type, message) of a vLLM ErrorResponse (either layout), else None."""
     body = json_object(resp)
     err = body.get("error") if isinstance(body.get("error"), dict) else body
@@ -61,7 +67,7 @@ def error(resp: httpx.Response) -> tuple[str, str] | None:
     return None
 
 
-def _route_missing(resp: httpx.Response) -> bool:
+def _route_missing(resp: HttpReply) -> bool:
     """A 404 for the route itself (FastAPI's {"detail": "Not Found"}), not for an adapter."""
     if resp.status_code != 404:
         return False
@@ -71,7 +77,7 @@ def _route_missing(resp: httpx.Response) -> bool:
     return err is not None and err[1] == "Not Found"
 
 
-def _message(resp: httpx.Response) -> str:
+def _message(resp: HttpReply) -> str:
     err = error(resp)
     return err[1] if err else resp.text[:500]
 
@@ -113,9 +119,7 @@ class VLLM(Kind):
             return True
         return status == 400 and _RESOLVED_REFUSED in body
 
-    def load(
-        self, client: httpx.Client, url: str, name: str, path: str, *, pinned: bool = False
-    ) -> Answer:
+    def load(self, client: Http, url: str, name: str, path: str, *, pinned: bool = False) -> Answer:
         """POST /v1/load_lora_adapter and classify vLLM's answer (vLLM pins nothing: an
         adapter it evicted from its cache is read again from `path` by the call that needs
         it, and stays listed)."""
@@ -140,7 +144,7 @@ class VLLM(Kind):
             return Answer(Outcome.REFUSED, f"vLLM refused the adapter: {refused['reason']}")
         return failed_or_refused(resp.status_code, message)
 
-    def unload(self, client: httpx.Client, url: str, name: str) -> Answer:
+    def unload(self, client: Http, url: str, name: str) -> Answer:
         """POST /v1/unload_lora_adapter and classify vLLM's answer."""
         resp = client.post(url + "/v1/unload_lora_adapter", json={"lora_name": name})
         if resp.status_code == 200:

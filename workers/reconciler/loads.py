@@ -22,7 +22,7 @@ import httpx
 
 from app.core import artefacts
 from app.core.metrics import COLD_START_SECONDS
-from app.engines.base import NOT_PINNED, Answer, Outcome
+from app.engines.base import NOT_PINNED, Answer, Http, Outcome
 from app.engines.kinds import kind_of
 from app.engines.state import EngineState
 from workers.reconciler.staging import Desired, Stager
@@ -50,7 +50,7 @@ class Loads:
     def __init__(
         self,
         engines: list[EngineState],
-        client: httpx.Client,
+        client: Http,
         stager: Stager,
         *,
         spent: Callable[[float], None],

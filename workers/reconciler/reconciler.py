@@ -63,6 +63,7 @@ from app.engines.kinds import kind_of
 from app.engines.placement import Candidate, Placement, Share
 from app.engines.state import EngineState
 from workers.reconciler import records
+from workers.reconciler.http import LeanClient
 from workers.reconciler.loads import Loaded, Loads
 from workers.reconciler.loop import CHANNEL, WANT_CHANNEL, PassLoop
 from workers.reconciler.probe import Prober
@@ -118,7 +119,7 @@ class Reconciler(PassLoop):
         self.engines = engines
         self.serving_dir = serving_dir
         self.settings = settings or get_settings()
-        self.client = httpx.Client(timeout=httpx.Timeout(10.0, read=300.0))
+        self.client = LeanClient(connect_timeout=10.0, read_timeout=300.0)
         self.stager = Stager(serving_dir, self.settings)
         self.placement = Placement(engines)
         self.loads = Loads(engines, self.client, self.stager, spent=self._spent, stop=self._stop)
