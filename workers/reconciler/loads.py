@@ -146,7 +146,7 @@ class Loads:
         """Stage and load one adapter; the router may name it as soon as the engine said yes."""
         began = time.perf_counter()
         try:
-            path = self.stager.prepare(adapter)
+            path = self.stager.source(adapter)
         except artefacts.ArtefactMismatch as exc:
             return Loaded(engine, adapter, None, "sha256", str(exc), checked=True)
         except artefacts.ArtefactError as exc:
