@@ -319,7 +319,8 @@ def test_want_loads_an_adapter_now_a_candidate_too_until_it_is_retired(stack: St
             rec.want(candidate)
             wait_until(lambda: engine.has(candidate), "the asked-for load")
             assert candidate in fake.loras
-            assert stack.deployment(candidate)["state"] == "loaded"
+            # Records are written in batches, within half a second.
+            wait_until(lambda: stack.deployment(candidate).get("state") == "loaded", "record")
             stack.retire(candidate)
             wait_until(lambda: candidate not in fake.loras, "unloaded once retired")
         finally:

@@ -68,6 +68,10 @@ class PassLoop:
     def between_passes(self, conn: Connection) -> None:
         """Work that does not need a pass (what the router asked for), before waiting."""
 
+    def work_in(self) -> float | None:
+        """Seconds until between_passes() has work of its own (None: none)."""
+        return None
+
     def kick(self) -> None:
         """Ask for a pass now."""
         self._kick.set()
@@ -167,7 +171,8 @@ class PassLoop:
                     due = time.monotonic() + self.next_wait()
                     continue
                 self.between_passes(conn)
-                self._wait(conn, due - time.monotonic())
+                wait, soon = due - time.monotonic(), self.work_in()
+                self._wait(conn, wait if soon is None else min(wait, soon))
             except psycopg.Error as exc:
                 self._close_connection()
                 RECONCILER_ERRORS.labels("db").inc()

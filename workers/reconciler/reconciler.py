@@ -162,6 +162,7 @@ class Reconciler(PassLoop):
         long as it has a verified artefact and is not retired, failed or tainted. Returns at
         once: the load lands in EngineState.models (the router waits for it there)."""
         self.asked(adapter_id)
+        self.loads.nudge()  # loads running: the pass's thread takes it between them
         self._wake()
 
     def asked(self, adapter_id: str) -> None:
@@ -180,6 +181,8 @@ class Reconciler(PassLoop):
         with self._wants_lock:
             asked, self._asked = self._asked, set()
         if not asked:
+            if self.leader:
+                self.deployments.flush(conn, due_only=True)
             return
         began = time.thread_time()
         try:
@@ -196,6 +199,7 @@ class Reconciler(PassLoop):
                 self._route_want(adapter, up)
             pins = {url: share.pinned for url, share in self._shares.items()}
             self._load_now(conn, loading, {}, pins, up, self._desired, PassReport())
+            self.deployments.flush(conn, due_only=True)
         finally:
             self._spent(time.thread_time() - began)
 
@@ -206,6 +210,10 @@ class Reconciler(PassLoop):
     def next_wait(self) -> float:
         """Adapters kept through their unload grace: a pass once it is over."""
         return min(self.interval, UNLOAD_GRACE_S) if self._leaving else self.interval
+
+    def work_in(self) -> float | None:
+        """Records not written yet: between_passes() writes them once due."""
+        return self.deployments.flush_in() if self.leader else None
 
     # -- one pass -------------------------------------------------------------------------
 
@@ -222,6 +230,7 @@ class Reconciler(PassLoop):
             up = {e.url for e in self.engines if self._probe(e, report)}
             if self.leader:
                 self._reconcile(conn, desired, wanted, asked, up, report)
+                self.deployments.flush(conn)
             else:
                 for engine in self.engines:
                     if engine.url in up:
@@ -342,10 +351,10 @@ class Reconciler(PassLoop):
         serving = desired | wanted if wanted else desired
         for engine in self.engines:
             if engine.url in up and not kind_of(engine.kind).loads_adapters:
-                self._reconcile_staged(conn, engine, serving, report)
+                self._reconcile_staged(engine, serving, report)
         loading = [e for e in self.engines if e.url in up and kind_of(e.kind).loads_adapters]
         for engine in loading:
-            self._note_listed(conn, engine, serving)
+            self._note_listed(engine, serving)
         shares = self._place(serving, loading)
         jobs: dict[str, deque[Desired]] = {}
         for engine in loading:
@@ -359,7 +368,7 @@ class Reconciler(PassLoop):
         pins = {url: s.pinned for url, s in shares.items()}
         self._load_now(conn, loading, jobs, pins, up, desired, report)
         for engine in loading:
-            self._unload_retired(conn, engine, serving, report)
+            self._unload_retired(engine, serving, report)
             self._gauges(engine, serving)
 
     def _place(self, serving: dict[str, Desired], loading: list[EngineState]) -> dict[str, Share]:
@@ -396,12 +405,13 @@ class Reconciler(PassLoop):
             if asked:
                 for adapter in self._asked_rows(conn, asked, desired).values():
                     self._route_want(adapter, up)
+            self.deployments.flush(conn, due_only=True)
 
         self.loads.run(
             loading,
             jobs,
             pins,
-            record=lambda done: self._apply(conn, done, report),
+            record=lambda done: self._apply(done, report),
             between=between,
         )
 
@@ -424,16 +434,14 @@ class Reconciler(PassLoop):
         if home is not None and self._due(home, adapter.id):
             self.loads.ask_first(home, adapter)
 
-    def _note_listed(
-        self, conn: Connection, engine: EngineState, serving: dict[str, Desired]
-    ) -> None:
+    def _note_listed(self, engine: EngineState, serving: dict[str, Desired]) -> None:
         """Record what the engine lists as loaded, and as gone what it lost (restarted): what it
         lists of the serving adapters, and each recorded loaded adapter no longer callable."""
         loaded = self.deployments.on(engine.url)
         models = engine.models or set()
         for adapter_id in (engine.resident or set()) - loaded:
             if adapter_id in serving:
-                self.deployments.record(conn, adapter_id, engine.url, "loaded", None)
+                self.deployments.record(adapter_id, engine.url, "loaded", None)
         for adapter_id in loaded - models:
             if adapter_id in serving:
                 log.warning(
@@ -443,7 +451,7 @@ class Reconciler(PassLoop):
                     adapter_id,
                 )
             gone = "the engine no longer lists it"
-            self.deployments.record(conn, adapter_id, engine.url, "unloaded", gone)
+            self.deployments.record(adapter_id, engine.url, "unloaded", gone)
 
     def _count_traffic(self) -> bool:
         """Take the calls the router counted per adapter into the hot set's order (halved every
@@ -462,12 +470,12 @@ class Reconciler(PassLoop):
 
     # -- loads ----------------------------------------------------------------------------
 
-    def _apply(self, conn: Connection, done: Loaded, report: PassReport) -> None:
-        """Record one load's outcome (the pass's thread: it holds the connection)."""
+    def _apply(self, done: Loaded, report: PassReport) -> None:
+        """Record one load's outcome (the pass's thread)."""
         engine, adapter, answer = done.engine, done.adapter, done.answer
         key = (adapter.id, engine.url)
         if answer is None:
-            self._refuse(conn, engine, adapter, report, done.reason, done.message, done.checked)
+            self._refuse(engine, adapter, report, done.reason, done.message, done.checked)
             return
         if answer.outcome not in (Outcome.DONE, Outcome.ALREADY):
             if answer.outcome is Outcome.FAILED and not engine.up:
@@ -477,11 +485,11 @@ class Reconciler(PassLoop):
             # Metric reasons: load (refused or failed), no_path, no_api.
             failed = answer.outcome in (Outcome.REFUSED, Outcome.FAILED)
             reason = "load" if failed else answer.outcome.value
-            self._refuse(conn, engine, adapter, report, reason, answer.message, True)
+            self._refuse(engine, adapter, report, reason, answer.message, True)
             return
         COLD_STARTS.labels(engine.url).inc()
         self._failed_at.pop(key, None)
-        self.deployments.record(conn, adapter.id, engine.url, "loaded", None, checked=True)
+        self.deployments.record(adapter.id, engine.url, "loaded", None, checked=True)
         report.loaded.append(key)
         log.info(
             "loaded adapter %s into %s%s",
@@ -492,7 +500,6 @@ class Reconciler(PassLoop):
 
     def _refuse(
         self,
-        conn: Connection,
         engine: EngineState,
         adapter: Desired,
         rep: PassReport,
@@ -503,7 +510,7 @@ class Reconciler(PassLoop):
         RECONCILER_ERRORS.labels(reason).inc()
         self._failed_at[adapter.id, engine.url] = time.monotonic()
         self.deployments.record(
-            conn, adapter.id, engine.url, "failed", message, checked=checked and reason == "sha256"
+            adapter.id, engine.url, "failed", message, checked=checked and reason == "sha256"
         )
         rep.failed.append((adapter.id, engine.url, message))
         log.error("adapter %s not loaded into %s (%s): %s", adapter.id, engine.url, reason, message)
@@ -511,7 +518,7 @@ class Reconciler(PassLoop):
     # -- unloads, staging, records --------------------------------------------------------
 
     def _unload_retired(
-        self, conn: Connection, engine: EngineState, serving: dict[str, Desired], rep: PassReport
+        self, engine: EngineState, serving: dict[str, Desired], rep: PassReport
     ) -> None:
         """Unload what this fleet loaded into the engine that it serves no longer."""
         retired = self.deployments.on(engine.url) - serving.keys() - self._leaving
@@ -520,7 +527,7 @@ class Reconciler(PassLoop):
                 continue  # tried again next pass
             engine.forget(adapter_id)
             self.loads.pinned[engine.url].discard(adapter_id)
-            self.deployments.record(conn, adapter_id, engine.url, "unloaded", None)
+            self.deployments.record(adapter_id, engine.url, "unloaded", None)
             rep.unloaded.append((adapter_id, engine.url))
 
     def _unload(self, engine: EngineState, adapter_id: str) -> bool:
@@ -538,7 +545,7 @@ class Reconciler(PassLoop):
         return True
 
     def _reconcile_staged(
-        self, conn: Connection, engine: EngineState, serving: dict[str, Desired], rep: PassReport
+        self, engine: EngineState, serving: dict[str, Desired], rep: PassReport
     ) -> None:
         """An engine that loads on first use (LoRAX, vllm-lazy): stage verified artefacts where
         it reads them; no engine call but its probe (and, vllm-lazy, the unload of a retired
@@ -554,20 +561,20 @@ class Reconciler(PassLoop):
             try:
                 self.stager.prepare(adapter)
             except artefacts.ArtefactMismatch as exc:
-                self._refuse(conn, engine, adapter, rep, "sha256", str(exc), True)
+                self._refuse(engine, adapter, rep, "sha256", str(exc), True)
                 continue
             except artefacts.ArtefactError as exc:
-                self._refuse(conn, engine, adapter, rep, "fetch", str(exc), False)
+                self._refuse(engine, adapter, rep, "fetch", str(exc), False)
                 continue
             self._failed_at.pop((adapter_id, engine.url), None)
-            self.deployments.record(conn, adapter_id, engine.url, "loaded", None, checked=True)
+            self.deployments.record(adapter_id, engine.url, "loaded", None, checked=True)
             rep.loaded.append((adapter_id, engine.url))
             log.info("staged adapter %s for %s (loaded on first use)", adapter_id, engine.url)
         for adapter_id in loaded - serving.keys() - self._leaving:
             # An engine that took it on a call keeps it until told (vLLM's resolver).
             if kind.unloads_staged and not self._unload(engine, adapter_id):
                 continue  # tried again next pass
-            self.deployments.record(conn, adapter_id, engine.url, "unloaded", None)
+            self.deployments.record(adapter_id, engine.url, "unloaded", None)
             rep.unloaded.append((adapter_id, engine.url))
         staged = loaded & serving.keys()
         if staged != engine.models:
