@@ -4,7 +4,10 @@ loads ahead within its capacity.
 
 Each adapter goes to the first engine of its rendezvous order among the engines that are up
 and serve its base, so each engine's cache holds a stable share of the adapters, and adding
-or removing an engine moves only the adapters whose first engine it is. An engine loads ahead
+or removing an engine moves only the adapters whose first engine it is. A widened adapter
+(hot: its calls come faster than CFT_ENGINE_WIDEN_RATE, or its engine answered 429) goes to
+the next engine of its order too, within that engine's capacity like the rest of its share,
+and the router spreads its calls over both. An engine loads ahead
 only its share's hottest adapters, up to its capacity: canaries first (they are new, and the
 experiment needs them answering), then prods by recent calls, then each route's previous prod
 (kept for an instant rollback). The rest is loaded on the first call that needs it (the router
@@ -74,16 +77,38 @@ class Placement:
                 return engine
         return None
 
+    def holders(
+        self, model: str, base_model: str, up: set[str], *, widened: bool = False
+    ) -> list[EngineState]:
+        """The engines that hold `model`: its home, and for a widened adapter the next engine
+        of its order that is up and serves `base_model` too (where there is one)."""
+        out: list[EngineState] = []
+        want = 2 if widened else 1
+        for engine in self.order(model):
+            if engine.url in up and engine.serves_base(base_model):
+                out.append(engine)
+                if len(out) == want:
+                    break
+        return out
+
     def shares(
-        self, candidates: Iterable[Candidate], up: set[str], calls: Mapping[str, float]
+        self,
+        candidates: Iterable[Candidate],
+        up: set[str],
+        calls: Mapping[str, float],
+        widened: frozenset[str] = frozenset(),
     ) -> dict[str, Share]:
-        """Each up engine's share, by URL: its adapters, hottest first, cut at its capacity;
-        on a kind that pins, its hottest prods up to its pin limit are pinned."""
+        """Each up engine's share, by URL: its adapters (a widened one on both its holders),
+        hottest first, cut at its capacity; on a kind that pins, its hottest prods it is home
+        to, up to its pin limit, are pinned."""
         homes: dict[str, list[Candidate]] = {url: [] for url in up}
+        seconds: dict[str, set[str]] = {url: set() for url in up}
         for cand in candidates:
-            engine = self.home(cand.id, cand.base_model, up)
-            if engine is not None:
+            held = self.holders(cand.id, cand.base_model, up, widened=cand.id in widened)
+            for i, engine in enumerate(held):
                 homes[engine.url].append(cand)
+                if i:
+                    seconds[engine.url].add(cand.id)
         by_url = {e.url: e for e in self.engines}
         out: dict[str, Share] = {}
         for url, mine in homes.items():
@@ -92,7 +117,8 @@ class Placement:
             ahead = mine if engine.capacity is None else mine[: engine.capacity]
             pinned: set[str] = set()
             if kind_of(engine.kind).pins and engine.pin_limit > 0:
-                prods = (c.id for c in ahead if c.rank == PROD)
+                second = seconds[url]
+                prods = (c.id for c in ahead if c.rank == PROD and c.id not in second)
                 for adapter_id in prods:
                     if len(pinned) >= engine.pin_limit:
                         break

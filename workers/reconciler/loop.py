@@ -28,8 +28,9 @@ log = logging.getLogger("cft.reconciler")
 # an adapter; the router's route cache has a channel of its own (app/gateway/table.py).
 CHANNEL = "cft_adapter"
 # A reconciler that does not lead passes what its router asks for to the leader here (the
-# payload: an adapter id).
+# payload: an adapter id to load now, or WIDEN_PREFIX and an adapter id to widen).
 WANT_CHANNEL = "cft_adapter_want"
+WIDEN_PREFIX = "+"
 
 
 class PassLoop:

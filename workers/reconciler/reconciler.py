@@ -65,10 +65,11 @@ from app.engines.state import EngineState
 from workers.reconciler import records
 from workers.reconciler.http import LeanClient
 from workers.reconciler.loads import Loaded, Loads
-from workers.reconciler.loop import CHANNEL, WANT_CHANNEL, PassLoop
+from workers.reconciler.loop import CHANNEL, WANT_CHANNEL, WIDEN_PREFIX, PassLoop
 from workers.reconciler.probe import Prober
 from workers.reconciler.records import Deployments
 from workers.reconciler.staging import Desired, Stager
+from workers.reconciler.traffic import WIDEN_ASK_EVERY_S, Traffic
 
 __all__ = ["CHANNEL", "LEADER_LOCK", "PassReport", "Reconciler", "in_router"]
 
@@ -89,8 +90,10 @@ WANT_KEEP_S = 600.0
 # serve.adapter is read again after a NOTIFY (a NOTIFY is lost only with the connection, and a
 # new connection reads it again), and at least this often.
 DESIRED_REREAD_S = 600.0
-# Recent calls per adapter (the hot set's order) halve this often.
-TRAFFIC_HALF_LIFE_S = 300.0
+# Calls alone (no change of the adapters, the engines up or the widened ones) place the
+# adapters again at most this often: the hot set's order is for what is loaded ahead, and a
+# called adapter is loaded by its call anyway.
+RESHARE_ON_CALLS_S = 60.0
 
 
 @dataclass
@@ -146,8 +149,10 @@ class Reconciler(PassLoop):
         self._wants_pruned_at = 0.0
         # Rows of asked-for adapters that are not desired (a candidate), while kept.
         self._extra: dict[str, Desired] = {}
-        self._traffic: dict[str, float] = {}
-        self._traffic_halved_at = time.monotonic()
+        # The router's calls and 429s per adapter: the hot set's order, the widened adapters;
+        # the widenings passed to the leader, and when (another reconciler does that).
+        self.traffic = Traffic(self.settings.engine_widen_rate)
+        self._widen_asked: dict[str, float] = {}
         self.cpu_seconds = 0.0  # CPU time of passes and loads (cft_reconciler_cpu_seconds_total)
         self._cpu_lock = threading.Lock()
         self.last: PassReport | None = None
@@ -165,8 +170,18 @@ class Reconciler(PassLoop):
         self.loads.nudge()  # loads running: the pass's thread takes it between them
         self._wake()
 
+    @property
+    def widened(self) -> frozenset[str]:
+        """The adapters held by the first two engines of their rendezvous order, whose calls
+        the router spreads over both (workers/reconciler/traffic.py)."""
+        return self.traffic.widened
+
     def asked(self, adapter_id: str) -> None:
-        """Note an ask (this process's router, or another's through NOTIFY)."""
+        """Note an ask (this process's router, or another's through NOTIFY: `+id` asks to
+        widen the adapter)."""
+        if adapter_id.startswith(WIDEN_PREFIX):
+            self.traffic.ask(adapter_id[len(WIDEN_PREFIX) :])
+            return
         with self._wants_lock:
             self._wanted[adapter_id] = time.monotonic()
             self._asked.add(adapter_id)
@@ -228,10 +243,12 @@ class Reconciler(PassLoop):
             desired = self._read_desired(conn)
             wanted, asked = self._take_wanted(conn, desired)
             up = {e.url for e in self.engines if self._probe(e, report)}
+            called = self.traffic.take(self.engines)
             if self.leader:
-                self._reconcile(conn, desired, wanted, asked, up, report)
+                self._reconcile(conn, desired, wanted, asked, up, called, report)
                 self.deployments.flush(conn)
             else:
+                self._pass_widenings(conn)
                 for engine in self.engines:
                     if engine.url in up:
                         self._follow(conn, engine, desired)
@@ -249,6 +266,18 @@ class Reconciler(PassLoop):
         with self._cpu_lock:
             self.cpu_seconds += seconds
         RECONCILER_CPU.inc(seconds)
+
+    def _pass_widenings(self, conn: Connection) -> None:
+        """Another reconciler leads: ask it to widen what this router's calls made hot (again
+        every WIDEN_ASK_EVERY_S while it stays hot)."""
+        now = time.monotonic()
+        widened = self.traffic.widened
+        self._widen_asked = {a: t for a, t in self._widen_asked.items() if a in widened}
+        for adapter_id in widened:
+            if now - self._widen_asked.get(adapter_id, -WIDEN_ASK_EVERY_S) >= WIDEN_ASK_EVERY_S:
+                self._widen_asked[adapter_id] = now
+                payload = WIDEN_PREFIX + adapter_id
+                conn.execute("SELECT pg_notify(%s, %s)", (WANT_CHANNEL, payload))
 
     def _lead(self, conn: Connection) -> None:
         if self.leader:
@@ -335,6 +364,7 @@ class Reconciler(PassLoop):
         wanted: dict[str, Desired],
         asked: set[str],
         up: set[str],
+        called: bool,
         report: PassReport,
     ) -> None:
         if self.deployments.loaded is None:
@@ -355,7 +385,7 @@ class Reconciler(PassLoop):
         loading = [e for e in self.engines if e.url in up and kind_of(e.kind).loads_adapters]
         for engine in loading:
             self._note_listed(engine, serving)
-        shares = self._place(serving, loading)
+        shares = self._place(serving, loading, called)
         jobs: dict[str, deque[Desired]] = {}
         for engine in loading:
             share = shares.get(engine.url)
@@ -371,17 +401,26 @@ class Reconciler(PassLoop):
             self._unload_retired(engine, serving, report)
             self._gauges(engine, serving)
 
-    def _place(self, serving: dict[str, Desired], loading: list[EngineState]) -> dict[str, Share]:
+    def _place(
+        self, serving: dict[str, Desired], loading: list[EngineState], called: bool
+    ) -> dict[str, Share]:
         """Each loading engine's share, computed again only when the adapters, the engines up
-        or the calls counted changed (or a minute passed): an idle pass places nothing."""
-        called = self._count_traffic()
-        key = (id(self._desired), len(serving), tuple(e.url for e in loading))
+        or the widened adapters changed, or calls came and RESHARE_ON_CALLS_S passed (at the
+        latest after DESIRED_REREAD_S): an idle pass places nothing."""
+        widened = self.traffic.widened
+        key = (id(self._desired), len(serving), tuple(e.url for e in loading), widened)
         now = time.monotonic()
-        if key != self._shares_key or called or now - self._shares_at >= DESIRED_REREAD_S:
+        since = now - self._shares_at
+        if (
+            key != self._shares_key
+            or (called and since >= RESHARE_ON_CALLS_S)
+            or since >= DESIRED_REREAD_S
+        ):
             self._shares = self.placement.shares(
                 (Candidate(a.id, a.base_model, a.rank) for a in serving.values()),
                 {e.url for e in loading},
-                self._traffic,
+                self.traffic.calls,
+                widened,
             )
             self._shares_key, self._shares_at = key, now
         return self._shares
@@ -452,21 +491,6 @@ class Reconciler(PassLoop):
                 )
             gone = "the engine no longer lists it"
             self.deployments.record(adapter_id, engine.url, "unloaded", gone)
-
-    def _count_traffic(self) -> bool:
-        """Take the calls the router counted per adapter into the hot set's order (halved every
-        TRAFFIC_HALF_LIFE_S); whether there were any."""
-        now = time.monotonic()
-        if now - self._traffic_halved_at >= TRAFFIC_HALF_LIFE_S:
-            self._traffic = {a: n / 2 for a, n in self._traffic.items() if n >= 1}
-            self._traffic_halved_at = now
-        traffic = self._traffic
-        called = False
-        for engine in self.engines:
-            for adapter_id, n in engine.take_calls().items():
-                traffic[adapter_id] = traffic.get(adapter_id, 0.0) + n
-                called = True
-        return called
 
     # -- loads ----------------------------------------------------------------------------
 
