@@ -18,8 +18,9 @@ from collections.abc import Iterable
 
 from app.engines.state import EngineState
 
-# The call rate is a count decayed with this time constant, divided by it: calls per second
-# over about the last RATE_WINDOW_S.
+# The call rate is a count decayed with this time constant, divided by the time it covers:
+# calls per second over about the last RATE_WINDOW_S (or since the adapter's first call, at
+# least a third of that, so a hot adapter shows as hot at the first pass that counts it).
 RATE_WINDOW_S = 30.0
 # Recent calls per adapter (the hot set's order) halve this often.
 HALF_LIFE_S = 300.0
@@ -41,9 +42,9 @@ class Traffic:
         # Recent calls per adapter, halved every HALF_LIFE_S.
         self.calls: dict[str, float] = {}
         self._halved_at = time.monotonic()
-        # Adapter -> (calls decayed by RATE_WINDOW_S, when); when each last had a 429, and
-        # when another reconciler last asked to widen it.
-        self._decayed: dict[str, tuple[float, float]] = {}
+        # Adapter -> (calls decayed by RATE_WINDOW_S, when, first counted); when each last had
+        # a 429, and when another reconciler last asked to widen it.
+        self._decayed: dict[str, tuple[float, float, float]] = {}
         self._busy_at: dict[str, float] = {}
         self._asked_at: dict[str, float] = {}
         self._forgot_at = time.monotonic()
@@ -52,11 +53,13 @@ class Traffic:
 
     def rate(self, adapter_id: str, now: float | None = None) -> float:
         """The adapter's calls per second over about the last RATE_WINDOW_S."""
-        value, at = self._decayed.get(adapter_id, (0.0, 0.0))
+        value, at, since = self._decayed.get(adapter_id, (0.0, 0.0, 0.0))
         if value == 0.0:
             return 0.0
         now = time.monotonic() if now is None else now
-        return value * math.exp(-(now - at) / RATE_WINDOW_S) / RATE_WINDOW_S
+        covered = max(now - since, RATE_WINDOW_S / 3)
+        span = RATE_WINDOW_S * -math.expm1(-covered / RATE_WINDOW_S)
+        return value * math.exp(-(now - at) / RATE_WINDOW_S) / span
 
     def ask(self, adapter_id: str) -> None:
         """Another reconciler asked for this adapter to be widened."""
@@ -74,8 +77,9 @@ class Traffic:
         for engine in engines:
             for adapter_id, n in engine.take_calls().items():
                 calls[adapter_id] = calls.get(adapter_id, 0.0) + n
-                value, at = decayed.get(adapter_id, (0.0, now))
-                decayed[adapter_id] = (value * math.exp(-(now - at) / RATE_WINDOW_S) + n, now)
+                value, at, since = decayed.get(adapter_id, (0.0, now, now))
+                value = value * math.exp(-(now - at) / RATE_WINDOW_S) + n
+                decayed[adapter_id] = (value, now, since)
                 touched.add(adapter_id)
             for adapter_id in engine.take_busy():
                 self._busy_at[adapter_id] = now
