@@ -5,18 +5,21 @@ no load), every candidate a router was called for by name lately (a fine-tuned m
 serve.adapter_demand, until its wanted_until), and any adapter asked for with want() lately
 (the router's wait path). Each goes to one engine, the first of its rendezvous order among
 the engines that are up and serve its base (app/engines/placement.py, the order the router
-sends its calls by), and each engine loads ahead only its share's hottest adapters, up to its
+sends its calls by); a widened one (hot: workers/reconciler/traffic.py) to the next engine of
+that order too. Each engine loads ahead only its share's hottest adapters, up to its
 capacity: canaries, then prods by recent calls, then previous prods. The rest is loaded when a
 call needs it: the router, finding no engine that lists it, asks want(adapter) and waits, and
 the next load on that adapter's engine is that one. An engine evicts what it no longer has
 room for by itself (vLLM's and SGLang's LRU); nothing is reloaded for that.
 
-A load fetches the artefact into the serving directory, verifies its sha256 against the
-registry (a mismatch is never loaded) and loads it with lora_name = the adapter id (ids are
-unique per version, so a name is never reused). Loads run one at a time per engine, engines in
+A load fetches the artefact into the serving directory once, verifies its sha256 against the
+registry (a mismatch is never loaded; a staged copy is checked again before each load by its
+files' fingerprints: workers/reconciler/staging.py) and loads it with lora_name = the adapter
+id (ids are unique per version, so a name is never reused). Loads run one at a time per engine, engines in
 parallel; loads come before unloads, so a promoted adapter is ready before the old one goes.
 An adapter that left canary/prod is unloaded once UNLOAD_GRACE_S have passed. Outcomes go to
-serve.adapter_deployment (one row per adapter and engine), the log and the metrics.
+serve.adapter_deployment (one row per adapter and engine, written in batches: records.py), the
+log and the metrics.
 
 The engine's kind decides the calls (app/engines): vLLM and the local engine POST
 /v1/load_lora_adapter, SGLang POST /load_lora_adapter (pinning its hottest prods: an evicted
