@@ -92,23 +92,15 @@ class Placement:
         return out
 
     def shares(
-        self,
-        candidates: Iterable[Candidate],
-        up: set[str],
-        calls: Mapping[str, float],
-        widened: frozenset[str] = frozenset(),
+        self, candidates: Iterable[Candidate], up: set[str], calls: Mapping[str, float]
     ) -> dict[str, Share]:
-        """Each up engine's share, by URL: its adapters (a widened one on both its holders),
-        hottest first, cut at its capacity; on a kind that pins, its hottest prods it is home
-        to, up to its pin limit, are pinned."""
+        """Each up engine's share, by URL: the adapters it is home to, hottest first, cut at
+        its capacity; on a kind that pins, its hottest prods up to its pin limit are pinned."""
         homes: dict[str, list[Candidate]] = {url: [] for url in up}
-        seconds: dict[str, set[str]] = {url: set() for url in up}
         for cand in candidates:
-            held = self.holders(cand.id, cand.base_model, up, widened=cand.id in widened)
-            for i, engine in enumerate(held):
+            engine = self.home(cand.id, cand.base_model, up)
+            if engine is not None:
                 homes[engine.url].append(cand)
-                if i:
-                    seconds[engine.url].add(cand.id)
         by_url = {e.url: e for e in self.engines}
         out: dict[str, Share] = {}
         for url, mine in homes.items():
@@ -117,11 +109,41 @@ class Placement:
             ahead = mine if engine.capacity is None else mine[: engine.capacity]
             pinned: set[str] = set()
             if kind_of(engine.kind).pins and engine.pin_limit > 0:
-                second = seconds[url]
-                prods = (c.id for c in ahead if c.rank == PROD and c.id not in second)
+                prods = (c.id for c in ahead if c.rank == PROD)
                 for adapter_id in prods:
                     if len(pinned) >= engine.pin_limit:
                         break
                     pinned.add(adapter_id)
             out[url] = Share([c.id for c in ahead], pinned)
+        return out
+
+    def widen(
+        self,
+        shares: Mapping[str, Share],
+        widened: Iterable[Candidate],
+        up: set[str],
+        calls: Mapping[str, float],
+    ) -> dict[str, Share]:
+        """`shares` with each widened adapter on its second engine too: first in that engine's
+        share (the hottest first), which is cut at its capacity again; never pinned there.
+        Costs what the widened adapters do, not the whole fleet (their set changes often)."""
+        extra: dict[str, list[Candidate]] = {}
+        for cand in widened:
+            held = self.holders(cand.id, cand.base_model, up, widened=True)
+            if len(held) == 2:
+                extra.setdefault(held[1].url, []).append(cand)
+        if not extra:
+            return dict(shares)
+        by_url = {e.url: e for e in self.engines}
+        out = dict(shares)
+        for url, cands in extra.items():
+            cands.sort(key=lambda c: (-calls.get(c.id, 0.0), c.id))
+            first = [c.id for c in cands]
+            share = shares.get(url, Share([], set()))
+            taken = set(first)
+            ahead = first + [a for a in share.ahead if a not in taken]
+            capacity = by_url[url].capacity
+            if capacity is not None:
+                ahead = ahead[:capacity]
+            out[url] = Share(ahead, share.pinned & set(ahead))
         return out

@@ -108,9 +108,11 @@ class PassLoop:
             self._wake_w.send(b"k")
 
     def _notified(self, conn: Connection) -> None:
+        own = conn.info.backend_pid
         for note in conn.notifies(timeout=0):
             if note.channel == WANT_CHANNEL:
-                self.asked(note.payload)
+                if note.pid != own:  # what this one passed on comes back to it too
+                    self.asked(note.payload)
             else:
                 self._dirty = True
                 self._kick.set()

@@ -15,11 +15,11 @@ room for by itself (vLLM's and SGLang's LRU); nothing is reloaded for that.
 A load fetches the artefact into the serving directory once, verifies its sha256 against the
 registry (a mismatch is never loaded; a staged copy is checked again before each load by its
 files' fingerprints: workers/reconciler/staging.py) and loads it with lora_name = the adapter
-id (ids are unique per version, so a name is never reused). Loads run one at a time per engine, engines in
-parallel; loads come before unloads, so a promoted adapter is ready before the old one goes.
-An adapter that left canary/prod is unloaded once UNLOAD_GRACE_S have passed. Outcomes go to
-serve.adapter_deployment (one row per adapter and engine, written in batches: records.py), the
-log and the metrics.
+id (ids are unique per version, so a name is never reused). Loads run one at a time per
+engine, engines in parallel; loads come before unloads, so a promoted adapter is ready before
+the old one goes. An adapter that left canary/prod is unloaded once UNLOAD_GRACE_S have
+passed. Outcomes go to serve.adapter_deployment (one row per adapter and engine, written in
+batches: records.py), the log and the metrics.
 
 The engine's kind decides the calls (app/engines): vLLM and the local engine POST
 /v1/load_lora_adapter, SGLang POST /load_lora_adapter (pinning its hottest prods: an evicted
@@ -93,8 +93,8 @@ WANT_KEEP_S = 600.0
 # serve.adapter is read again after a NOTIFY (a NOTIFY is lost only with the connection, and a
 # new connection reads it again), and at least this often.
 DESIRED_REREAD_S = 600.0
-# Calls alone (no change of the adapters, the engines up or the widened ones) place the
-# adapters again at most this often: the hot set's order is for what is loaded ahead, and a
+# Calls alone (no change of the adapters or the engines up) place the adapters again at most
+# this often: the hot set's order is for what is loaded ahead, and a
 # called adapter is loaded by its call anyway.
 RESHARE_ON_CALLS_S = 60.0
 
@@ -407,13 +407,14 @@ class Reconciler(PassLoop):
     def _place(
         self, serving: dict[str, Desired], loading: list[EngineState], called: bool
     ) -> dict[str, Share]:
-        """Each loading engine's share, computed again only when the adapters, the engines up
-        or the widened adapters changed, or calls came and RESHARE_ON_CALLS_S passed (at the
-        latest after DESIRED_REREAD_S): an idle pass places nothing."""
-        widened = self.traffic.widened
-        key = (id(self._desired), len(serving), tuple(e.url for e in loading), widened)
+        """Each loading engine's share: its home adapters, computed again only when the
+        adapters or the engines up changed, or calls came and RESHARE_ON_CALLS_S passed (at the
+        latest after DESIRED_REREAD_S): an idle pass places nothing; then the widened adapters
+        on their second engines (cheap: a few adapters)."""
+        key = (id(self._desired), len(serving), tuple(e.url for e in loading))
         now = time.monotonic()
         since = now - self._shares_at
+        up = {e.url for e in loading}
         if (
             key != self._shares_key
             or (called and since >= RESHARE_ON_CALLS_S)
@@ -421,12 +422,19 @@ class Reconciler(PassLoop):
         ):
             self._shares = self.placement.shares(
                 (Candidate(a.id, a.base_model, a.rank) for a in serving.values()),
-                {e.url for e in loading},
+                up,
                 self.traffic.calls,
-                widened,
             )
             self._shares_key, self._shares_at = key, now
-        return self._shares
+        widened = [serving[a] for a in self.traffic.widened if a in serving]
+        if not widened:
+            return self._shares
+        return self.placement.widen(
+            self._shares,
+            (Candidate(a.id, a.base_model, a.rank) for a in widened),
+            up,
+            self.traffic.calls,
+        )
 
     def _load_now(
         self,
