@@ -82,19 +82,23 @@ def _message(resp: HttpReply) -> str:
     return err[1] if err else resp.text[:500]
 
 
-def stage_config(path: Path, base_model: str) -> None:
+def stage_config(path: Path, base_model: str, *, unseen: bool = False) -> None:
     """Make the staged adapter in `path` name `base_model` as its base, as vLLM's filesystem
     resolver requires (base_model_name_or_path equal to the engine's --model).
 
     The trainer writes the base's local path there; the staged copy names the base by the
     name cft and the engines serve it under. Only adapter_config.json changes (an artefact's
-    sha256 covers its weights), written whole or not at all (an engine may be reading it).
+    sha256 covers its weights), written whole or not at all (an engine may be reading it),
+    or, in a directory no engine sees yet (`unseen`), in place.
     """
     config_file = path / CONFIG_FILE
     config = json.loads(config_file.read_text())
     if config.get("base_model_name_or_path") == base_model:
         return
     config["base_model_name_or_path"] = base_model
+    if unseen:
+        config_file.write_text(json.dumps(config, indent=2))
+        return
     fd, tmp = tempfile.mkstemp(dir=path, prefix=f".{CONFIG_FILE}.")
     try:
         with os.fdopen(fd, "w") as out:

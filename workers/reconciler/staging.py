@@ -141,7 +141,7 @@ class Stager:
             if not self._copy_sibling(adapter, tmp):
                 self._store(adapter.weights_uri).fetch(adapter.weights_uri, tmp)
                 artefacts.verify(tmp, adapter.sha256)
-                _stage_config(tmp, adapter)
+                _stage_config(tmp, adapter, unseen=True)
             tmp.rename(dest)
         finally:
             if tmp.exists():
@@ -191,9 +191,9 @@ def _artefact(adapter: Desired) -> tuple[str, str, str]:
     return (adapter.weights_uri, adapter.sha256.lower(), adapter.base_model)
 
 
-def _stage_config(path: Path, adapter: Desired) -> None:
+def _stage_config(path: Path, adapter: Desired, *, unseen: bool = False) -> None:
     try:
-        stage_config(path, adapter.base_model)
+        stage_config(path, adapter.base_model, unseen=unseen)
     except (OSError, ValueError) as exc:
         raise artefacts.ArtefactError(
             f"cannot stage {adapter.id}: its {CONFIG_FILE} is unreadable ({exc})"
