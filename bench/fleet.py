@@ -26,7 +26,9 @@ probe's answers and latency (a cold fleet serving every adapter on its first cal
 minute (asked by the reconciler, and made by engines for calls: cold starts); the router's
 adapter cache hit ratio (cft_router_adapter_lookups_total); adapters listed by some engine at
 the end; CPU per second of the control plane (the reconciler's threads and the route table's,
-measured per thread in the router process) and of the request path, over the second half.
+measured per thread in the router process) and of the request path, over the second half; the
+five hottest adapters of the second half, with the replicas that served each and the busiest
+one's share (a widened adapter's calls spread over two).
 
 Usage: python bench/fleet.py [--kind sglang|vllm] [--routes 10000] [--canaries 200]
        [--engines 4] [--cap 64] [--latency 0.5,2] [--scale 20] [--rate 100] [--seconds 90]
@@ -129,6 +131,9 @@ def _stats_route(fake: Any) -> Any:
         }
         if names:
             out["names"] = list(fake.loras)
+        # Calls served per adapter (SGLang's "base:adapter" named by the adapter), the most.
+        served = Counter(m.partition(":")[2] or m for m in fake.served)
+        out["served_top"] = dict(served.most_common(200))
         return out
 
     return stats
@@ -545,6 +550,15 @@ def summarise(name: str, got: dict[str, Any], args: argparse.Namespace, n: int) 
     load_requests = sum(s["load_requests"] for s in st1) - sum(s["load_requests"] for s in st0)
     engine_loads = sum(s["loads"] for s in st1) - sum(s["loads"] for s in st0)
     listed = set().union(*(set(s["names"]) for s in st1))
+    # The hottest adapters of the second half: their calls, the replicas that served them and
+    # the busiest replica's share (a widened adapter's calls go to two).
+    st_half = got["stats"][1]
+    per_replica: dict[str, list[int]] = defaultdict(lambda: [0] * len(st1))
+    for i, (a, b) in enumerate(zip(st_half, st1, strict=True)):
+        for model, count in b["served_top"].items():
+            if model != BASE:
+                per_replica[model][i] = count - a["served_top"].get(model, 0)
+    hottest = sorted(per_replica.items(), key=lambda kv: -sum(kv[1]))[:5]
     looked = got["lookups"]
     total_lookups = sum(looked.values()) or 1.0
     control = per_s("reconciler", cpu_half, cpu1, window) + per_s(
@@ -581,6 +595,9 @@ def summarise(name: str, got: dict[str, Any], args: argparse.Namespace, n: int) 
         + got["idle"].get("route_table", 0.0),
         "idle_process_cpu": got["idle"].get("process", 0.0),
         "window": window,
+        "hottest": [
+            (sum(c), sum(1 for x in c if x > 0), max(c) / max(1, sum(c))) for _, c in hottest
+        ],
     }
 
 
@@ -725,6 +742,8 @@ def show(results: list[dict[str, Any]], args: argparse.Namespace) -> None:
         ("request path CPU s/s (event loop)", "request_path_cpu"),
         ("router process CPU s/s", "process_cpu"),
         ("reconciler CPU per load asked (ms)", "cpu_per_load_ms"),
+        ("5 hottest adapters: calls in the second half", "hottest_calls"),
+        ("  replicas that served each (busiest one's share)", "hottest_spread"),
         ("idle: control plane CPU s/s", "idle_control_cpu"),
         ("idle: router process CPU s/s", "idle_process_cpu"),
         ("route table alone: lookups/s over every route", "table_lookups_per_s"),
@@ -733,6 +752,12 @@ def show(results: list[dict[str, Any]], args: argparse.Namespace) -> None:
     ]
 
     def cell(r: dict[str, Any], key: str) -> str:
+        if key in ("hottest_calls", "hottest_spread"):
+            if not r.get("hottest"):
+                return "-"
+            if key == "hottest_calls":
+                return ", ".join(f"{n:,}" for n, _, _ in r["hottest"])
+            return ", ".join(f"{k} ({share * 100:.0f} %)" for _, k, share in r["hottest"])
         if key not in r and key not in ("probe", "probe_lat"):
             return "-"
         if key == "status":

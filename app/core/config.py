@@ -111,6 +111,14 @@ class Settings(BaseSettings):
         " ahead at most this many per engine, its hottest, and the rest on first call; 0 ="
         " every adapter placed on the engine.",
     )
+    engine_widen_rate: float = Field(
+        5.0,
+        ge=0,
+        description="Calls per second to one adapter (over about the last 30 s, as the router"
+        " counts them) above which it is also loaded on the second engine of its rendezvous"
+        " order and the router spreads its calls over both (a 429 from its engine widens it"
+        " too, for 5 minutes); 0 = never.",
+    )
     route_cache_ttl: float = Field(
         5.0,
         description="Seconds the router trusts a cached route while its LISTEN connection is"

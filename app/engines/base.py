@@ -4,10 +4,36 @@ from __future__ import annotations
 
 import enum
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, ClassVar, Literal
+from typing import Any, ClassVar, Literal, Protocol
 
-if TYPE_CHECKING:  # the reconciler passes its client; nothing here needs httpx at import
-    import httpx
+
+class HttpReply(Protocol):
+    """An engine's whole answer, as the kinds read it (an httpx.Response is one)."""
+
+    @property
+    def status_code(self) -> int:
+        """The HTTP status."""
+
+    @property
+    def text(self) -> str:
+        """The body as text."""
+
+    def json(self) -> Any:
+        """The body as JSON (ValueError when it is not)."""
+
+    def raise_for_status(self) -> object:
+        """Raise httpx.HTTPStatusError for a 4xx or 5xx answer."""
+
+
+class Http(Protocol):
+    """What the kinds call an engine with (an httpx.Client is one; the reconciler passes a
+    leaner client of its own). Failures raise httpx.HTTPError."""
+
+    def get(self, url: str, *, timeout: float = ...) -> HttpReply:
+        """GET url."""
+
+    def post(self, url: str, *, json: Any = ...) -> HttpReply:
+        """POST a JSON body to url."""
 
 
 def base_ids(payload: object) -> frozenset[str]:
@@ -57,7 +83,7 @@ class Answer:
     message: str = ""
 
 
-def json_object(resp: httpx.Response) -> dict[str, Any]:
+def json_object(resp: HttpReply) -> dict[str, Any]:
     """The response's body as a JSON object ({} when it is not one)."""
     try:
         body = resp.json()
@@ -110,7 +136,7 @@ class Kind:
         here" (drop it from the engine's list, fall back), not a bad request."""
         return status == 404 or status >= 500
 
-    def describe(self, client: httpx.Client, url: str) -> Described:
+    def describe(self, client: Http, url: str) -> Described:
         """What the engine says about itself: its base models (/v1/models), nothing more by
         default. Raises httpx.HTTPError when it does not answer."""
         if not self.lists_models and not self.vllm_api:
@@ -119,13 +145,11 @@ class Kind:
         resp.raise_for_status()
         return Described(bases=base_ids(resp.json()) or None)
 
-    def load(
-        self, client: httpx.Client, url: str, name: str, path: str, *, pinned: bool = False
-    ) -> Answer:
+    def load(self, client: Http, url: str, name: str, path: str, *, pinned: bool = False) -> Answer:
         """Load the adapter in directory `path` under `name` (pinned: never evicted, where
         the kind pins), and say what the answer means."""
         raise NotImplementedError(f"{self.name} engines load adapters on first use")
 
-    def unload(self, client: httpx.Client, url: str, name: str) -> Answer:
+    def unload(self, client: Http, url: str, name: str) -> Answer:
         """Unload the adapter loaded under `name`, and say what the answer means."""
         raise NotImplementedError(f"{self.name} engines load adapters on first use")

@@ -4,7 +4,10 @@ loads ahead within its capacity.
 
 Each adapter goes to the first engine of its rendezvous order among the engines that are up
 and serve its base, so each engine's cache holds a stable share of the adapters, and adding
-or removing an engine moves only the adapters whose first engine it is. An engine loads ahead
+or removing an engine moves only the adapters whose first engine it is. A widened adapter
+(hot: its calls come faster than CFT_ENGINE_WIDEN_RATE, or its engine answered 429) goes to
+the next engine of its order too, within that engine's capacity like the rest of its share,
+and the router spreads its calls over both. An engine loads ahead
 only its share's hottest adapters, up to its capacity: canaries first (they are new, and the
 experiment needs them answering), then prods by recent calls, then each route's previous prod
 (kept for an instant rollback). The rest is loaded on the first call that needs it (the router
@@ -74,11 +77,25 @@ class Placement:
                 return engine
         return None
 
+    def holders(
+        self, model: str, base_model: str, up: set[str], *, widened: bool = False
+    ) -> list[EngineState]:
+        """The engines that hold `model`: its home, and for a widened adapter the next engine
+        of its order that is up and serves `base_model` too (where there is one)."""
+        out: list[EngineState] = []
+        want = 2 if widened else 1
+        for engine in self.order(model):
+            if engine.url in up and engine.serves_base(base_model):
+                out.append(engine)
+                if len(out) == want:
+                    break
+        return out
+
     def shares(
         self, candidates: Iterable[Candidate], up: set[str], calls: Mapping[str, float]
     ) -> dict[str, Share]:
-        """Each up engine's share, by URL: its adapters, hottest first, cut at its capacity;
-        on a kind that pins, its hottest prods up to its pin limit are pinned."""
+        """Each up engine's share, by URL: the adapters it is home to, hottest first, cut at
+        its capacity; on a kind that pins, its hottest prods up to its pin limit are pinned."""
         homes: dict[str, list[Candidate]] = {url: [] for url in up}
         for cand in candidates:
             engine = self.home(cand.id, cand.base_model, up)
@@ -98,4 +115,35 @@ class Placement:
                         break
                     pinned.add(adapter_id)
             out[url] = Share([c.id for c in ahead], pinned)
+        return out
+
+    def widen(
+        self,
+        shares: Mapping[str, Share],
+        widened: Iterable[Candidate],
+        up: set[str],
+        calls: Mapping[str, float],
+    ) -> dict[str, Share]:
+        """`shares` with each widened adapter on its second engine too: first in that engine's
+        share (the hottest first), which is cut at its capacity again; never pinned there.
+        Costs what the widened adapters do, not the whole fleet (their set changes often)."""
+        extra: dict[str, list[Candidate]] = {}
+        for cand in widened:
+            held = self.holders(cand.id, cand.base_model, up, widened=True)
+            if len(held) == 2:
+                extra.setdefault(held[1].url, []).append(cand)
+        if not extra:
+            return dict(shares)
+        by_url = {e.url: e for e in self.engines}
+        out = dict(shares)
+        for url, cands in extra.items():
+            cands.sort(key=lambda c: (-calls.get(c.id, 0.0), c.id))
+            first = [c.id for c in cands]
+            share = shares.get(url, Share([], set()))
+            taken = set(first)
+            ahead = first + [a for a in share.ahead if a not in taken]
+            capacity = by_url[url].capacity
+            if capacity is not None:
+                ahead = ahead[:capacity]
+            out[url] = Share(ahead, share.pinned & set(ahead))
         return out

@@ -27,13 +27,15 @@ managers/tokenizer_control_mixin.py `load_lora_adapter`, managers/tokenizer_mana
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any, ClassVar
+from typing import Any, ClassVar
 
 from app.engines.base import (
     NOT_PINNED,
     Answer,
     Described,
     EngineKind,
+    Http,
+    HttpReply,
     Kind,
     Outcome,
     base_ids,
@@ -41,16 +43,13 @@ from app.engines.base import (
     json_object,
 )
 
-if TYPE_CHECKING:
-    import httpx
-
 # SGLang's answers to a call for an adapter it does not hold (restarted, never loaded).
 _NOT_HELD = (b"not loaded", b"never been loaded")
 # SGLang's refusal to pin one more adapter.
 _PIN_REFUSED = "as a pinned adapter"
 
 
-def _answer(resp: httpx.Response, *, gone: str) -> Answer:
+def _answer(resp: HttpReply, *, gone: str) -> Answer:
     if resp.status_code == 404:
         return Answer(Outcome.NO_API, "the engine has no SGLang LoRA routes (is it SGLang?)")
     body = json_object(resp)
@@ -99,7 +98,7 @@ class SGLang(Kind):
             return True
         return status == 400 and any(text in body for text in _NOT_HELD)
 
-    def describe(self, client: httpx.Client, url: str) -> Described:
+    def describe(self, client: Http, url: str) -> Described:
         """Its base (/v1/models), capacity and pin limit (/get_server_info's
         max_loaded_loras and max_loras_per_batch) and the base's weight_version."""
         resp = client.get(url + "/v1/models", timeout=5.0)
@@ -116,9 +115,7 @@ class SGLang(Kind):
             pin_limit=pin_limit(_int(args.get("max_loras_per_batch")), loaded),
         )
 
-    def load(
-        self, client: httpx.Client, url: str, name: str, path: str, *, pinned: bool = False
-    ) -> Answer:
+    def load(self, client: Http, url: str, name: str, path: str, *, pinned: bool = False) -> Answer:
         """POST /load_lora_adapter and classify SGLang's answer; a pin SGLang refuses is
         loaded unpinned instead."""
         body: dict[str, Any] = {"lora_name": name, "lora_path": path}
@@ -133,7 +130,7 @@ class SGLang(Kind):
             return unpinned
         return answer
 
-    def unload(self, client: httpx.Client, url: str, name: str) -> Answer:
+    def unload(self, client: Http, url: str, name: str) -> Answer:
         """POST /unload_lora_adapter and classify SGLang's answer."""
         resp = client.post(url + "/unload_lora_adapter", json={"lora_name": name})
         return _answer(resp, gone="does not exist")

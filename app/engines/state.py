@@ -45,8 +45,10 @@ class EngineState:
     pin_limit: int = 0
     # Adapters the engine holds now, as it last listed them (None: it does not list them).
     resident: set[str] | None = None
-    # Calls the router sent per adapter since the reconciler last read them (its hot set).
+    # Calls the router sent per adapter since the reconciler last read them (its hot set and
+    # which adapters it widens), and the adapters this engine answered 429 for meanwhile.
     calls: dict[str, int] = field(default_factory=dict)
+    busy: set[str] = field(default_factory=set)
 
     @classmethod
     def parse(cls, raw: str) -> EngineState:
@@ -88,6 +90,15 @@ class EngineState:
     def take_calls(self) -> dict[str, int]:
         """The calls counted since the last take (and start counting afresh)."""
         taken, self.calls = self.calls, {}
+        return taken
+
+    def note_busy(self, model: str) -> None:
+        """Note a 429 for an adapter (the reconciler widens it)."""
+        self.busy.add(model)
+
+    def take_busy(self) -> set[str]:
+        """The adapters answered 429 since the last take."""
+        taken, self.busy = self.busy, set()
         return taken
 
 

@@ -34,12 +34,18 @@ import os
 import re
 import tempfile
 from pathlib import Path
-from typing import TYPE_CHECKING, ClassVar
+from typing import ClassVar
 
-from app.engines.base import Answer, EngineKind, Kind, Outcome, failed_or_refused, json_object
-
-if TYPE_CHECKING:
-    import httpx
+from app.engines.base import (
+    Answer,
+    EngineKind,
+    Http,
+    HttpReply,
+    Kind,
+    Outcome,
+    failed_or_refused,
+    json_object,
+)
 
 _NO_RUNTIME_LORA = (
     "the engine has no /v1/load_lora_adapter route: start vLLM with"
@@ -52,7 +58,7 @@ _RESOLVED_REFUSED = b"was found but could not be loaded"
 CONFIG_FILE = "adapter_config.json"
 
 
-def error(resp: httpx.Response) -> tuple[str, str] | None:
+def error(resp: HttpReply) -> tuple[str, str] | None:
     """(type, message) of a vLLM ErrorResponse (either layout), else None."""
     body = json_object(resp)
     err = body.get("error") if isinstance(body.get("error"), dict) else body
@@ -61,7 +67,7 @@ def error(resp: httpx.Response) -> tuple[str, str] | None:
     return None
 
 
-def _route_missing(resp: httpx.Response) -> bool:
+def _route_missing(resp: HttpReply) -> bool:
     """A 404 for the route itself (FastAPI's {"detail": "Not Found"}), not for an adapter."""
     if resp.status_code != 404:
         return False
@@ -71,24 +77,28 @@ def _route_missing(resp: httpx.Response) -> bool:
     return err is not None and err[1] == "Not Found"
 
 
-def _message(resp: httpx.Response) -> str:
+def _message(resp: HttpReply) -> str:
     err = error(resp)
     return err[1] if err else resp.text[:500]
 
 
-def stage_config(path: Path, base_model: str) -> None:
+def stage_config(path: Path, base_model: str, *, unseen: bool = False) -> None:
     """Make the staged adapter in `path` name `base_model` as its base, as vLLM's filesystem
     resolver requires (base_model_name_or_path equal to the engine's --model).
 
     The trainer writes the base's local path there; the staged copy names the base by the
     name cft and the engines serve it under. Only adapter_config.json changes (an artefact's
-    sha256 covers its weights), written whole or not at all (an engine may be reading it).
+    sha256 covers its weights), written whole or not at all (an engine may be reading it),
+    or, in a directory no engine sees yet (`unseen`), in place.
     """
     config_file = path / CONFIG_FILE
     config = json.loads(config_file.read_text())
     if config.get("base_model_name_or_path") == base_model:
         return
     config["base_model_name_or_path"] = base_model
+    if unseen:
+        config_file.write_text(json.dumps(config, indent=2))
+        return
     fd, tmp = tempfile.mkstemp(dir=path, prefix=f".{CONFIG_FILE}.")
     try:
         with os.fdopen(fd, "w") as out:
@@ -113,9 +123,7 @@ class VLLM(Kind):
             return True
         return status == 400 and _RESOLVED_REFUSED in body
 
-    def load(
-        self, client: httpx.Client, url: str, name: str, path: str, *, pinned: bool = False
-    ) -> Answer:
+    def load(self, client: Http, url: str, name: str, path: str, *, pinned: bool = False) -> Answer:
         """POST /v1/load_lora_adapter and classify vLLM's answer (vLLM pins nothing: an
         adapter it evicted from its cache is read again from `path` by the call that needs
         it, and stays listed)."""
@@ -140,7 +148,7 @@ class VLLM(Kind):
             return Answer(Outcome.REFUSED, f"vLLM refused the adapter: {refused['reason']}")
         return failed_or_refused(resp.status_code, message)
 
-    def unload(self, client: httpx.Client, url: str, name: str) -> Answer:
+    def unload(self, client: Http, url: str, name: str) -> Answer:
         """POST /v1/unload_lora_adapter and classify vLLM's answer."""
         resp = client.post(url + "/v1/unload_lora_adapter", json={"lora_name": name})
         if resp.status_code == 200:

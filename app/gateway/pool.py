@@ -87,8 +87,9 @@ class Counted:
 
 
 class EnginePool:
-    """The engines: for an adapter, by rendezvous hashing (widened by load); for the base
-    model, round robin; always preferring engines that are up and serve the wanted model.
+    """The engines: for an adapter, by rendezvous hashing (a hot one spread over its first two
+    engines, least busy first); for the base model, round robin; always preferring engines that
+    are up and serve the wanted model.
 
     Whole (non-streamed) calls to plain-HTTP engines go through EngineClient, streams and
     probes through one aiohttp session; both keep connections alive (on the 2-core box httpx
@@ -153,13 +154,19 @@ class EnginePool:
         return [e.url for e in self.engines]
 
     def order(
-        self, model: str | None, *, adapter: bool = False, base: str | None = None
+        self,
+        model: str | None,
+        *,
+        adapter: bool = False,
+        base: str | None = None,
+        spread: bool = False,
     ) -> list[EngineState]:
         """Engines to try, best first, among those serving `base` (all when None or when an
         engine does not say its base): up before down, serving `model` before not; then, for
         an adapter, its rendezvous order (app/engines/placement.py, the order the reconciler
         places it by; the second engine first when the first has more than `slack` more calls
-        in flight), else round robin."""
+        in flight, or, for an adapter `spread` over its first two (widened), when it has fewer
+        calls in flight, turn about when they have as many), else round robin."""
         engines = self.engines
         if base is not None:
             engines = [e for e in engines if e.serves_base(base)]
@@ -175,7 +182,16 @@ class EnginePool:
         )
         first, second = ranked[0], ranked[1]
         same_footing = (first.up, first.has(model)) == (second.up, second.has(model))
-        if same_footing and first.inflight > second.inflight + self.slack:
+        if not same_footing:
+            return ranked
+        if spread and first.up and first.has(model):
+            if first.inflight == second.inflight:
+                swap = next(self._turn) % 2 == 1
+            else:
+                swap = second.inflight < first.inflight
+        else:
+            swap = first.inflight > second.inflight + self.slack
+        if swap:
             ranked[0], ranked[1] = second, first
         return ranked
 

@@ -43,6 +43,11 @@ class Reconciler(Protocol):
     # another reconciler leads otherwise, and the router sees its loads by probing.
     leader: bool
 
+    @property
+    def widened(self) -> frozenset[str]:
+        """Adapters held by the first two engines of their rendezvous order (hot): the router
+        spreads their calls over both."""
+
     def start(self) -> None:
         """Run passes in the background until stop()."""
 

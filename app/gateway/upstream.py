@@ -190,8 +190,9 @@ async def send(
     the route's fallback policy allows; 503 when nothing may answer.
 
     An adapter goes to its engines in rendezvous order (EnginePool.order), among those serving
-    the route's base; an engine that refuses it (404, or its kind's "not loaded") or answers
-    429 passes the call to the next engine that lists it before any fallback. An adapter no
+    the route's base (a widened one to the less busy of its first two); an engine that refuses
+    it (404, or its kind's "not loaded") or answers 429 passes the call to the next engine that
+    lists it before any fallback (a 429 also widens the adapter). An adapter no
     engine lists yet, or that every engine listing it lost, is asked of the reconciler and
     waited for (CFT_ROUTER_LOAD_WAIT)."""
     engines = runtime.engines
@@ -220,9 +221,12 @@ async def send(
         # The assigned adapter gets a second round when every engine that listed it said it
         # does not hold it (restarted): after waiting for the reconciler to load it again.
         rounds = 2 if is_adapter and model == want else 1
+        reconciler = runtime.reconciler
+        spread = is_adapter and reconciler is not None and model in reconciler.widened
         for round_ in range(rounds):
             lost = False
-            for engine in engines.order(model, adapter=is_adapter, base=state.base_model):
+            order = engines.order(model, adapter=is_adapter, base=state.base_model, spread=spread)
+            for engine in order:
                 if engine.models is None and not await engines.probe(engine):
                     ENGINE_FAILURES.labels(engine.url, "probe").inc()
                     continue
@@ -265,6 +269,8 @@ async def send(
                 if resp.status == 429:
                     resp.finish()
                     busy = True  # another engine may take it
+                    if is_adapter:
+                        engine.note_busy(model)  # the reconciler widens it
                     continue
                 if why is not None:
                     child(ROUTER_FALLBACKS, why).inc()

@@ -273,6 +273,54 @@ def test_one_reconciler_leads_the_fleet_and_another_takes_over(stack: Stack) -> 
             second.close()
 
 
+def test_a_follower_passes_its_wants_and_widenings_to_the_leader(stack: Stack) -> None:
+    """A reconciler that does not lead passes what its router asks for (a load now) and what
+    its router's calls made hot (a widening) to the leader, once each: its own NOTIFY does not
+    come back to it as an ask."""
+    import time
+
+    from app.engines.state import EngineState
+    from workers.reconciler.reconciler import Reconciler
+
+    fakes = [FakeVLLM(BASE), FakeVLLM(BASE)]
+    prod = stack.adapter(status="prod", pct=100)
+    candidate = stack.adapter(status="candidate")
+    settings = stack.settings.model_copy(update={"engine_widen_rate": 0.3})
+    with (
+        serve_app(fakes[0].app, ready_path="/health") as u0,
+        serve_app(fakes[1].app, ready_path="/health") as u1,
+    ):
+        engines = [[EngineState.parse(f"vllm+{u}") for u in (u0, u1)] for _ in range(2)]
+        leader, follower = (
+            Reconciler(
+                stack.db_url, e, serving_dir=settings.serving_path, settings=settings, interval=0.2
+            )
+            for e in engines
+        )
+        asks = []
+        ask = follower.asked
+        follower.asked = lambda a: (asks.append(a), ask(a))[1]  # type: ignore[method-assign]
+        leader.start()
+        try:
+            wait_until(lambda: leader.leader and leader.passes >= 1, "the leader's first pass")
+            follower.start()
+            wait_until(lambda: follower.passes >= 1, "the follower's first pass")
+            assert not follower.leader
+            held = [f for f in fakes if prod in f.loras]
+            assert len(held) == 1  # on its first engine only
+            follower.want(candidate)
+            wait_until(lambda: any(candidate in f.loras for f in fakes), "the load passed on")
+            time.sleep(0.5)
+            assert asks == [candidate]  # its own NOTIFY did not come back as an ask
+            for _ in range(12):  # its router's calls make prod hot
+                engines[1][0].count_call(prod)
+            wait_until(lambda: all(prod in f.loras for f in fakes), "the widening passed on")
+            assert prod in leader.widened
+        finally:
+            follower.stop()
+            leader.stop()
+
+
 def test_vllm_lazy_kind_stages_for_the_resolver_and_unloads_on_retire(stack: Stack) -> None:
     serving = stack.settings.serving_path
     serving.mkdir(parents=True)
@@ -319,7 +367,8 @@ def test_want_loads_an_adapter_now_a_candidate_too_until_it_is_retired(stack: St
             rec.want(candidate)
             wait_until(lambda: engine.has(candidate), "the asked-for load")
             assert candidate in fake.loras
-            assert stack.deployment(candidate)["state"] == "loaded"
+            # Records are written in batches, within half a second.
+            wait_until(lambda: stack.deployment(candidate).get("state") == "loaded", "record")
             stack.retire(candidate)
             wait_until(lambda: candidate not in fake.loras, "unloaded once retired")
         finally:

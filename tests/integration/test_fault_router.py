@@ -157,7 +157,10 @@ def test_engine_killed_mid_stream_ends_the_stream_logs_partial_and_is_reloaded(
         # ~15 s on a loaded CI machine) has no adapters; the reconciler reloads them.
         with engine_server(models_dir, port):
             wait_until(lambda: prod in engine_models(engine_url), timeout=30, what="reload")
-            assert (deployment(world.db_url, prod) or {}).get("state") == "loaded"
+            wait_until(
+                lambda: (deployment(world.db_url, prod) or {}).get("state") == "loaded",
+                what="the reload recorded",
+            )
             wait_until(
                 lambda: world.call(api).headers.get("x-cft-adapter") == prod, what="route again"
             )

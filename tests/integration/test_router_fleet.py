@@ -278,3 +278,64 @@ def first_token_count() -> float:
     """Calls whose first token came after a cold start (cft_cold_start_seconds, first_token)."""
     sample = REGISTRY.get_sample_value("cft_cold_start_seconds_count", {"stage": "first_token"})
     return sample or 0.0
+
+
+def test_a_hot_adapter_is_widened_to_a_second_replica_and_a_cold_one_is_not(
+    db_url: str, tmp_path: Path
+) -> None:
+    """An adapter called faster than CFT_ENGINE_WIDEN_RATE is loaded on the second replica of
+    its rendezvous order too, and its calls go to both, turn about; one called seldom stays on
+    its first; one whose replica answered 429 is widened as well."""
+    stack = Stack(db_url, tmp_path, BASE)
+    stack.settings = stack.settings.model_copy(
+        update={"engine_widen_rate": 0.3, "router_load_wait": 10.0}
+    )
+    hot_route, cold_route, busy_route = stack.route, stack.add_route(), stack.add_route()
+    hot = stack.adapter(status="prod", pct=100, route=hot_route)
+    cold = stack.adapter(status="prod", pct=100, route=cold_route)
+    busy = stack.adapter(status="prod", pct=100, route=busy_route)
+    replicas = [Replica(), Replica()]
+    with (
+        serve_app(replicas[0].app, ready_path="/health") as e0,
+        serve_app(replicas[1].app, ready_path="/health") as e1,
+    ):
+        urls = [e0, e1]
+        app = serve.create_app(
+            stack.settings, db_url=db_url, engine_urls=[f"vllm+{u}" for u in urls]
+        )
+        with serve_app(app) as api:
+
+            def holders(adapter: str) -> set[int]:
+                return {i for i, r in enumerate(replicas) if adapter in r.loras}
+
+            def home(adapter: str) -> int:
+                return urls.index(max(urls, key=lambda u: affinity(u, adapter)))
+
+            wait_until(
+                lambda: all(holders(a) == {home(a)} for a in (hot, cold, busy)),
+                "each adapter loaded ahead on its first replica",
+            )
+            # 12 calls in a moment: above 0.3 calls/s (one call, as the cold one gets: ~0.12).
+            for _ in range(12):
+                assert stack.call(api, route=hot_route).status_code == 200
+            assert stack.call(api, route=cold_route).status_code == 200
+            wait_until(lambda: holders(hot) == {0, 1}, "the hot adapter on both replicas")
+            served = [sum(1 for m in r.served if m == hot) for r in replicas]
+            for _ in range(10):
+                resp = stack.call(api, route=hot_route)
+                assert resp.status_code == 200 and resp.headers["x-cft-adapter"] == hot
+            now = [sum(1 for m in r.served if m == hot) for r in replicas]
+            assert [b - a for a, b in zip(served, now, strict=True)] == [5, 5]  # turn about
+            # The cold one: on its first replica only, every call answered there.
+            assert holders(cold) == {home(cold)}
+            assert {i for i, r in enumerate(replicas) if cold in r.served} == {home(cold)}
+            # Its first replica answers 429: the call waits for no one and gets a 429 (no other
+            # replica holds it yet); the adapter is widened, and the next call is answered.
+            first = replicas[home(busy)]
+            first.busy = True
+            assert stack.call(api, route=busy_route).status_code == 429
+            wait_until(lambda: holders(busy) == {0, 1}, "the busy adapter on both replicas")
+            resp = stack.call(api, route=busy_route)
+            assert resp.status_code == 200 and resp.headers["x-cft-adapter"] == busy
+            assert replicas[1 - home(busy)].served[-1] == busy
+            first.busy = False

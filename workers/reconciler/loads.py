@@ -9,7 +9,6 @@ database connection and records it.
 
 from __future__ import annotations
 
-import contextlib
 import queue
 import threading
 import time
@@ -22,13 +21,14 @@ import httpx
 
 from app.core import artefacts
 from app.core.metrics import COLD_START_SECONDS
-from app.engines.base import NOT_PINNED, Answer, Outcome
+from app.engines.base import NOT_PINNED, Answer, Http, Outcome
 from app.engines.kinds import kind_of
 from app.engines.state import EngineState
 from workers.reconciler.staging import Desired, Stager
 
-# How often the pass's thread looks for new asks while loads run.
-POLL_S = 0.05
+# While loads run, the pass's thread wakes at least this often with nothing to record (to
+# write the records that are due).
+IDLE_S = 0.5
 
 
 @dataclass(frozen=True)
@@ -50,7 +50,7 @@ class Loads:
     def __init__(
         self,
         engines: list[EngineState],
-        client: httpx.Client,
+        client: Http,
         stager: Stager,
         *,
         spent: Callable[[float], None],
@@ -64,6 +64,8 @@ class Loads:
         self.urgent: dict[str, deque[Desired]] = {e.url: deque() for e in engines}
         self.pinned: dict[str, set[str]] = {e.url: set() for e in engines}
         self._lock = threading.Lock()
+        # The running run()'s events (load outcomes, engines done, nudges); None between runs.
+        self._events: queue.SimpleQueue[Loaded | str | None] | None = None
         self._pool = ThreadPoolExecutor(
             max_workers=max(1, len(engines)), thread_name_prefix="cft-reconciler-load"
         )
@@ -75,6 +77,12 @@ class Loads:
             if all(a.id != adapter.id for a in urgent):
                 urgent.append(adapter)
 
+    def nudge(self) -> None:
+        """New asks came: the running run() (if any) takes them now."""
+        events = self._events
+        if events is not None:
+            events.put(None)
+
     def run(
         self,
         engines: list[EngineState],
@@ -85,49 +93,60 @@ class Loads:
         between: Callable[[], None],
     ) -> None:
         """Run each engine's loads (its asked-for ones, then `todo`, pinning `pins`) in its
-        thread until all are done; `record` each outcome, and call `between` every POLL_S (new
-        asks may come meanwhile), all in this thread."""
+        thread until all are done; `record` each outcome as it comes, and call `between` on
+        each nudge() (new asks) and at least every IDLE_S, all in this thread."""
         by_url = {e.url: e for e in engines}
-        results: queue.SimpleQueue[Loaded] = queue.SimpleQueue()
+        events: queue.SimpleQueue[Loaded | str | None] = queue.SimpleQueue()
         running: dict[str, Future[None]] = {}
 
         def start(url: str) -> None:
             mine = todo.setdefault(url, deque())
             running[url] = self._pool.submit(
-                self._drain, by_url[url], mine, pins.get(url, set()), results
+                self._drain, by_url[url], mine, pins.get(url, set()), events
             )
 
-        with self._lock:
-            first = {u for u, q in self.urgent.items() if q and u in by_url}
-        for url in set(todo) | first:
-            if by_url[url].up:
-                start(url)
-        while running:
-            with contextlib.suppress(queue.Empty):
-                record(results.get(timeout=POLL_S))
-            between()
-            for url in list(running):
-                if running[url].done():
-                    running.pop(url).result()
+        self._events = events
+        try:
             with self._lock:
-                waiting = [u for u, q in self.urgent.items() if q and u in by_url]
-            for url in waiting:
-                if url not in running and by_url[url].up and not self._stop.is_set():
+                first = {u for u, q in self.urgent.items() if q and u in by_url}
+            for url in set(todo) | first:
+                if by_url[url].up:
                     start(url)
-        while True:  # what finished after the last look
+            while running:
+                try:
+                    event = events.get(timeout=IDLE_S)
+                except queue.Empty:
+                    event = None
+                if isinstance(event, Loaded):
+                    record(event)
+                elif isinstance(event, str):  # that engine's thread is done
+                    running.pop(event).result()
+                else:
+                    between()
+                with self._lock:
+                    waiting = [u for u, q in self.urgent.items() if q and u in by_url]
+                for url in waiting:
+                    if url not in running and by_url[url].up and not self._stop.is_set():
+                        start(url)
+        finally:
+            self._events = None
+        while True:  # a nudge that came after the last look
             try:
-                record(results.get_nowait())
+                event = events.get_nowait()
             except queue.Empty:
                 break
+            if isinstance(event, Loaded):
+                record(event)
 
     def _drain(
         self,
         engine: EngineState,
         todo: deque[Desired],
         pinned: set[str],
-        results: queue.SimpleQueue[Loaded],
+        events: queue.SimpleQueue[Loaded | str | None],
     ) -> None:
-        """One engine's loads, one at a time, asked-for ones first (its thread)."""
+        """One engine's loads, one at a time, asked-for ones first (its thread); its URL goes
+        to `events` when it is done."""
         began = time.thread_time()
         try:
             while engine.up and not self._stop.is_set():
@@ -138,15 +157,16 @@ class Loads:
                     break
                 if engine.has(adapter.id):
                     continue
-                results.put(self._load(engine, adapter, adapter.id in pinned))
+                events.put(self._load(engine, adapter, adapter.id in pinned))
         finally:
             self._spent(time.thread_time() - began)
+            events.put(engine.url)
 
     def _load(self, engine: EngineState, adapter: Desired, pin: bool) -> Loaded:
         """Stage and load one adapter; the router may name it as soon as the engine said yes."""
         began = time.perf_counter()
         try:
-            path = self.stager.prepare(adapter)
+            path = self.stager.source(adapter)
         except artefacts.ArtefactMismatch as exc:
             return Loaded(engine, adapter, None, "sha256", str(exc), checked=True)
         except artefacts.ArtefactError as exc:

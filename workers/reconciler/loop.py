@@ -28,8 +28,9 @@ log = logging.getLogger("cft.reconciler")
 # an adapter; the router's route cache has a channel of its own (app/gateway/table.py).
 CHANNEL = "cft_adapter"
 # A reconciler that does not lead passes what its router asks for to the leader here (the
-# payload: an adapter id).
+# payload: an adapter id to load now, or WIDEN_PREFIX and an adapter id to widen).
 WANT_CHANNEL = "cft_adapter_want"
+WIDEN_PREFIX = "+"
 
 
 class PassLoop:
@@ -68,6 +69,10 @@ class PassLoop:
     def between_passes(self, conn: Connection) -> None:
         """Work that does not need a pass (what the router asked for), before waiting."""
 
+    def work_in(self) -> float | None:
+        """Seconds until between_passes() has work of its own (None: none)."""
+        return None
+
     def kick(self) -> None:
         """Ask for a pass now."""
         self._kick.set()
@@ -103,9 +108,11 @@ class PassLoop:
             self._wake_w.send(b"k")
 
     def _notified(self, conn: Connection) -> None:
+        own = conn.info.backend_pid
         for note in conn.notifies(timeout=0):
             if note.channel == WANT_CHANNEL:
-                self.asked(note.payload)
+                if note.pid != own:  # what this one passed on comes back to it too
+                    self.asked(note.payload)
             else:
                 self._dirty = True
                 self._kick.set()
@@ -167,7 +174,8 @@ class PassLoop:
                     due = time.monotonic() + self.next_wait()
                     continue
                 self.between_passes(conn)
-                self._wait(conn, due - time.monotonic())
+                wait, soon = due - time.monotonic(), self.work_in()
+                self._wait(conn, wait if soon is None else min(wait, soon))
             except psycopg.Error as exc:
                 self._close_connection()
                 RECONCILER_ERRORS.labels("db").inc()

@@ -15,6 +15,7 @@ import httpx
 
 from app.core.config import Settings
 from app.core.metrics import ENGINE_LORA_ADAPTERS
+from app.engines.base import Http
 from app.engines.kinds import kind_of
 from app.engines.lora_metrics import vllm_lora_state
 from app.engines.state import EngineState, model_ids
@@ -26,7 +27,7 @@ class Prober:
     """Probes engines over one HTTP client; `pinned` is what the reconciler pinned per engine
     URL (a pinned adapter gone from an engine's list means the engine restarted)."""
 
-    def __init__(self, client: httpx.Client, settings: Settings, *, pinned: dict[str, set[str]]):
+    def __init__(self, client: Http, settings: Settings, *, pinned: dict[str, set[str]]):
         self.client = client
         self.settings = settings
         self.pinned = pinned

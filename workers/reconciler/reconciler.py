@@ -5,18 +5,21 @@ no load), every candidate a router was called for by name lately (a fine-tuned m
 serve.adapter_demand, until its wanted_until), and any adapter asked for with want() lately
 (the router's wait path). Each goes to one engine, the first of its rendezvous order among
 the engines that are up and serve its base (app/engines/placement.py, the order the router
-sends its calls by), and each engine loads ahead only its share's hottest adapters, up to its
+sends its calls by); a widened one (hot: workers/reconciler/traffic.py) to the next engine of
+that order too. Each engine loads ahead only its share's hottest adapters, up to its
 capacity: canaries, then prods by recent calls, then previous prods. The rest is loaded when a
 call needs it: the router, finding no engine that lists it, asks want(adapter) and waits, and
 the next load on that adapter's engine is that one. An engine evicts what it no longer has
 room for by itself (vLLM's and SGLang's LRU); nothing is reloaded for that.
 
-A load fetches the artefact into the serving directory, verifies its sha256 against the
-registry (a mismatch is never loaded) and loads it with lora_name = the adapter id (ids are
-unique per version, so a name is never reused). Loads run one at a time per engine, engines in
-parallel; loads come before unloads, so a promoted adapter is ready before the old one goes.
-An adapter that left canary/prod is unloaded once UNLOAD_GRACE_S have passed. Outcomes go to
-serve.adapter_deployment (one row per adapter and engine), the log and the metrics.
+A load fetches the artefact into the serving directory once, verifies its sha256 against the
+registry (a mismatch is never loaded; a staged copy is checked again before each load by its
+files' fingerprints: workers/reconciler/staging.py) and loads it with lora_name = the adapter
+id (ids are unique per version, so a name is never reused). Loads run one at a time per
+engine, engines in parallel; loads come before unloads, so a promoted adapter is ready before
+the old one goes. An adapter that left canary/prod is unloaded once UNLOAD_GRACE_S have
+passed. Outcomes go to serve.adapter_deployment (one row per adapter and engine, written in
+batches: records.py), the log and the metrics.
 
 The engine's kind decides the calls (app/engines): vLLM and the local engine POST
 /v1/load_lora_adapter, SGLang POST /load_lora_adapter (pinning its hottest prods: an evicted
@@ -63,11 +66,13 @@ from app.engines.kinds import kind_of
 from app.engines.placement import Candidate, Placement, Share
 from app.engines.state import EngineState
 from workers.reconciler import records
+from workers.reconciler.http import LeanClient
 from workers.reconciler.loads import Loaded, Loads
-from workers.reconciler.loop import CHANNEL, WANT_CHANNEL, PassLoop
+from workers.reconciler.loop import CHANNEL, WANT_CHANNEL, WIDEN_PREFIX, PassLoop
 from workers.reconciler.probe import Prober
 from workers.reconciler.records import Deployments
 from workers.reconciler.staging import Desired, Stager
+from workers.reconciler.traffic import WIDEN_ASK_EVERY_S, Traffic
 
 __all__ = ["CHANNEL", "LEADER_LOCK", "PassReport", "Reconciler", "in_router"]
 
@@ -88,8 +93,10 @@ WANT_KEEP_S = 600.0
 # serve.adapter is read again after a NOTIFY (a NOTIFY is lost only with the connection, and a
 # new connection reads it again), and at least this often.
 DESIRED_REREAD_S = 600.0
-# Recent calls per adapter (the hot set's order) halve this often.
-TRAFFIC_HALF_LIFE_S = 300.0
+# Calls alone (no change of the adapters or the engines up) place the adapters again at most
+# this often: the hot set's order is for what is loaded ahead, and a
+# called adapter is loaded by its call anyway.
+RESHARE_ON_CALLS_S = 60.0
 
 
 @dataclass
@@ -118,7 +125,7 @@ class Reconciler(PassLoop):
         self.engines = engines
         self.serving_dir = serving_dir
         self.settings = settings or get_settings()
-        self.client = httpx.Client(timeout=httpx.Timeout(10.0, read=300.0))
+        self.client = LeanClient(connect_timeout=10.0, read_timeout=300.0)
         self.stager = Stager(serving_dir, self.settings)
         self.placement = Placement(engines)
         self.loads = Loads(engines, self.client, self.stager, spent=self._spent, stop=self._stop)
@@ -145,8 +152,10 @@ class Reconciler(PassLoop):
         self._wants_pruned_at = 0.0
         # Rows of asked-for adapters that are not desired (a candidate), while kept.
         self._extra: dict[str, Desired] = {}
-        self._traffic: dict[str, float] = {}
-        self._traffic_halved_at = time.monotonic()
+        # The router's calls and 429s per adapter: the hot set's order, the widened adapters;
+        # the widenings passed to the leader, and when (another reconciler does that).
+        self.traffic = Traffic(self.settings.engine_widen_rate)
+        self._widen_asked: dict[str, float] = {}
         self.cpu_seconds = 0.0  # CPU time of passes and loads (cft_reconciler_cpu_seconds_total)
         self._cpu_lock = threading.Lock()
         self.last: PassReport | None = None
@@ -161,10 +170,21 @@ class Reconciler(PassLoop):
         long as it has a verified artefact and is not retired, failed or tainted. Returns at
         once: the load lands in EngineState.models (the router waits for it there)."""
         self.asked(adapter_id)
+        self.loads.nudge()  # loads running: the pass's thread takes it between them
         self._wake()
 
+    @property
+    def widened(self) -> frozenset[str]:
+        """The adapters held by the first two engines of their rendezvous order, whose calls
+        the router spreads over both (workers/reconciler/traffic.py)."""
+        return self.traffic.widened
+
     def asked(self, adapter_id: str) -> None:
-        """Note an ask (this process's router, or another's through NOTIFY)."""
+        """Note an ask (this process's router, or another's through NOTIFY: `+id` asks to
+        widen the adapter)."""
+        if adapter_id.startswith(WIDEN_PREFIX):
+            self.traffic.ask(adapter_id[len(WIDEN_PREFIX) :])
+            return
         with self._wants_lock:
             self._wanted[adapter_id] = time.monotonic()
             self._asked.add(adapter_id)
@@ -179,6 +199,8 @@ class Reconciler(PassLoop):
         with self._wants_lock:
             asked, self._asked = self._asked, set()
         if not asked:
+            if self.leader:
+                self.deployments.flush(conn, due_only=True)
             return
         began = time.thread_time()
         try:
@@ -195,6 +217,7 @@ class Reconciler(PassLoop):
                 self._route_want(adapter, up)
             pins = {url: share.pinned for url, share in self._shares.items()}
             self._load_now(conn, loading, {}, pins, up, self._desired, PassReport())
+            self.deployments.flush(conn, due_only=True)
         finally:
             self._spent(time.thread_time() - began)
 
@@ -205,6 +228,10 @@ class Reconciler(PassLoop):
     def next_wait(self) -> float:
         """Adapters kept through their unload grace: a pass once it is over."""
         return min(self.interval, UNLOAD_GRACE_S) if self._leaving else self.interval
+
+    def work_in(self) -> float | None:
+        """Records not written yet: between_passes() writes them once due."""
+        return self.deployments.flush_in() if self.leader else None
 
     # -- one pass -------------------------------------------------------------------------
 
@@ -219,9 +246,12 @@ class Reconciler(PassLoop):
             desired = self._read_desired(conn)
             wanted, asked = self._take_wanted(conn, desired)
             up = {e.url for e in self.engines if self._probe(e, report)}
+            called = self.traffic.take(self.engines)
             if self.leader:
-                self._reconcile(conn, desired, wanted, asked, up, report)
+                self._reconcile(conn, desired, wanted, asked, up, called, report)
+                self.deployments.flush(conn)
             else:
+                self._pass_widenings(conn)
                 for engine in self.engines:
                     if engine.url in up:
                         self._follow(conn, engine, desired)
@@ -239,6 +269,18 @@ class Reconciler(PassLoop):
         with self._cpu_lock:
             self.cpu_seconds += seconds
         RECONCILER_CPU.inc(seconds)
+
+    def _pass_widenings(self, conn: Connection) -> None:
+        """Another reconciler leads: ask it to widen what this router's calls made hot (again
+        every WIDEN_ASK_EVERY_S while it stays hot)."""
+        now = time.monotonic()
+        widened = self.traffic.widened
+        self._widen_asked = {a: t for a, t in self._widen_asked.items() if a in widened}
+        for adapter_id in widened:
+            if now - self._widen_asked.get(adapter_id, -WIDEN_ASK_EVERY_S) >= WIDEN_ASK_EVERY_S:
+                self._widen_asked[adapter_id] = now
+                payload = WIDEN_PREFIX + adapter_id
+                conn.execute("SELECT pg_notify(%s, %s)", (WANT_CHANNEL, payload))
 
     def _lead(self, conn: Connection) -> None:
         if self.leader:
@@ -325,6 +367,7 @@ class Reconciler(PassLoop):
         wanted: dict[str, Desired],
         asked: set[str],
         up: set[str],
+        called: bool,
         report: PassReport,
     ) -> None:
         if self.deployments.loaded is None:
@@ -341,11 +384,11 @@ class Reconciler(PassLoop):
         serving = desired | wanted if wanted else desired
         for engine in self.engines:
             if engine.url in up and not kind_of(engine.kind).loads_adapters:
-                self._reconcile_staged(conn, engine, serving, report)
+                self._reconcile_staged(engine, serving, report)
         loading = [e for e in self.engines if e.url in up and kind_of(e.kind).loads_adapters]
         for engine in loading:
-            self._note_listed(conn, engine, serving)
-        shares = self._place(serving, loading)
+            self._note_listed(engine, serving)
+        shares = self._place(serving, loading, called)
         jobs: dict[str, deque[Desired]] = {}
         for engine in loading:
             share = shares.get(engine.url)
@@ -358,23 +401,40 @@ class Reconciler(PassLoop):
         pins = {url: s.pinned for url, s in shares.items()}
         self._load_now(conn, loading, jobs, pins, up, desired, report)
         for engine in loading:
-            self._unload_retired(conn, engine, serving, report)
+            self._unload_retired(engine, serving, report)
             self._gauges(engine, serving)
 
-    def _place(self, serving: dict[str, Desired], loading: list[EngineState]) -> dict[str, Share]:
-        """Each loading engine's share, computed again only when the adapters, the engines up
-        or the calls counted changed (or a minute passed): an idle pass places nothing."""
-        called = self._count_traffic()
+    def _place(
+        self, serving: dict[str, Desired], loading: list[EngineState], called: bool
+    ) -> dict[str, Share]:
+        """Each loading engine's share: its home adapters, computed again only when the
+        adapters or the engines up changed, or calls came and RESHARE_ON_CALLS_S passed (at the
+        latest after DESIRED_REREAD_S): an idle pass places nothing; then the widened adapters
+        on their second engines (cheap: a few adapters)."""
         key = (id(self._desired), len(serving), tuple(e.url for e in loading))
         now = time.monotonic()
-        if key != self._shares_key or called or now - self._shares_at >= DESIRED_REREAD_S:
+        since = now - self._shares_at
+        up = {e.url for e in loading}
+        if (
+            key != self._shares_key
+            or (called and since >= RESHARE_ON_CALLS_S)
+            or since >= DESIRED_REREAD_S
+        ):
             self._shares = self.placement.shares(
                 (Candidate(a.id, a.base_model, a.rank) for a in serving.values()),
-                {e.url for e in loading},
-                self._traffic,
+                up,
+                self.traffic.calls,
             )
             self._shares_key, self._shares_at = key, now
-        return self._shares
+        widened = [serving[a] for a in self.traffic.widened if a in serving]
+        if not widened:
+            return self._shares
+        return self.placement.widen(
+            self._shares,
+            (Candidate(a.id, a.base_model, a.rank) for a in widened),
+            up,
+            self.traffic.calls,
+        )
 
     def _load_now(
         self,
@@ -395,12 +455,13 @@ class Reconciler(PassLoop):
             if asked:
                 for adapter in self._asked_rows(conn, asked, desired).values():
                     self._route_want(adapter, up)
+            self.deployments.flush(conn, due_only=True)
 
         self.loads.run(
             loading,
             jobs,
             pins,
-            record=lambda done: self._apply(conn, done, report),
+            record=lambda done: self._apply(done, report),
             between=between,
         )
 
@@ -423,16 +484,14 @@ class Reconciler(PassLoop):
         if home is not None and self._due(home, adapter.id):
             self.loads.ask_first(home, adapter)
 
-    def _note_listed(
-        self, conn: Connection, engine: EngineState, serving: dict[str, Desired]
-    ) -> None:
+    def _note_listed(self, engine: EngineState, serving: dict[str, Desired]) -> None:
         """Record what the engine lists as loaded, and as gone what it lost (restarted): what it
         lists of the serving adapters, and each recorded loaded adapter no longer callable."""
         loaded = self.deployments.on(engine.url)
         models = engine.models or set()
         for adapter_id in (engine.resident or set()) - loaded:
             if adapter_id in serving:
-                self.deployments.record(conn, adapter_id, engine.url, "loaded", None)
+                self.deployments.record(adapter_id, engine.url, "loaded", None)
         for adapter_id in loaded - models:
             if adapter_id in serving:
                 log.warning(
@@ -442,31 +501,16 @@ class Reconciler(PassLoop):
                     adapter_id,
                 )
             gone = "the engine no longer lists it"
-            self.deployments.record(conn, adapter_id, engine.url, "unloaded", gone)
-
-    def _count_traffic(self) -> bool:
-        """Take the calls the router counted per adapter into the hot set's order (halved every
-        TRAFFIC_HALF_LIFE_S); whether there were any."""
-        now = time.monotonic()
-        if now - self._traffic_halved_at >= TRAFFIC_HALF_LIFE_S:
-            self._traffic = {a: n / 2 for a, n in self._traffic.items() if n >= 1}
-            self._traffic_halved_at = now
-        traffic = self._traffic
-        called = False
-        for engine in self.engines:
-            for adapter_id, n in engine.take_calls().items():
-                traffic[adapter_id] = traffic.get(adapter_id, 0.0) + n
-                called = True
-        return called
+            self.deployments.record(adapter_id, engine.url, "unloaded", gone)
 
     # -- loads ----------------------------------------------------------------------------
 
-    def _apply(self, conn: Connection, done: Loaded, report: PassReport) -> None:
-        """Record one load's outcome (the pass's thread: it holds the connection)."""
+    def _apply(self, done: Loaded, report: PassReport) -> None:
+        """Record one load's outcome (the pass's thread)."""
         engine, adapter, answer = done.engine, done.adapter, done.answer
         key = (adapter.id, engine.url)
         if answer is None:
-            self._refuse(conn, engine, adapter, report, done.reason, done.message, done.checked)
+            self._refuse(engine, adapter, report, done.reason, done.message, done.checked)
             return
         if answer.outcome not in (Outcome.DONE, Outcome.ALREADY):
             if answer.outcome is Outcome.FAILED and not engine.up:
@@ -476,11 +520,11 @@ class Reconciler(PassLoop):
             # Metric reasons: load (refused or failed), no_path, no_api.
             failed = answer.outcome in (Outcome.REFUSED, Outcome.FAILED)
             reason = "load" if failed else answer.outcome.value
-            self._refuse(conn, engine, adapter, report, reason, answer.message, True)
+            self._refuse(engine, adapter, report, reason, answer.message, True)
             return
         COLD_STARTS.labels(engine.url).inc()
         self._failed_at.pop(key, None)
-        self.deployments.record(conn, adapter.id, engine.url, "loaded", None, checked=True)
+        self.deployments.record(adapter.id, engine.url, "loaded", None, checked=True)
         report.loaded.append(key)
         log.info(
             "loaded adapter %s into %s%s",
@@ -491,7 +535,6 @@ class Reconciler(PassLoop):
 
     def _refuse(
         self,
-        conn: Connection,
         engine: EngineState,
         adapter: Desired,
         rep: PassReport,
@@ -502,7 +545,7 @@ class Reconciler(PassLoop):
         RECONCILER_ERRORS.labels(reason).inc()
         self._failed_at[adapter.id, engine.url] = time.monotonic()
         self.deployments.record(
-            conn, adapter.id, engine.url, "failed", message, checked=checked and reason == "sha256"
+            adapter.id, engine.url, "failed", message, checked=checked and reason == "sha256"
         )
         rep.failed.append((adapter.id, engine.url, message))
         log.error("adapter %s not loaded into %s (%s): %s", adapter.id, engine.url, reason, message)
@@ -510,7 +553,7 @@ class Reconciler(PassLoop):
     # -- unloads, staging, records --------------------------------------------------------
 
     def _unload_retired(
-        self, conn: Connection, engine: EngineState, serving: dict[str, Desired], rep: PassReport
+        self, engine: EngineState, serving: dict[str, Desired], rep: PassReport
     ) -> None:
         """Unload what this fleet loaded into the engine that it serves no longer."""
         retired = self.deployments.on(engine.url) - serving.keys() - self._leaving
@@ -519,7 +562,7 @@ class Reconciler(PassLoop):
                 continue  # tried again next pass
             engine.forget(adapter_id)
             self.loads.pinned[engine.url].discard(adapter_id)
-            self.deployments.record(conn, adapter_id, engine.url, "unloaded", None)
+            self.deployments.record(adapter_id, engine.url, "unloaded", None)
             rep.unloaded.append((adapter_id, engine.url))
 
     def _unload(self, engine: EngineState, adapter_id: str) -> bool:
@@ -537,7 +580,7 @@ class Reconciler(PassLoop):
         return True
 
     def _reconcile_staged(
-        self, conn: Connection, engine: EngineState, serving: dict[str, Desired], rep: PassReport
+        self, engine: EngineState, serving: dict[str, Desired], rep: PassReport
     ) -> None:
         """An engine that loads on first use (LoRAX, vllm-lazy): stage verified artefacts where
         it reads them; no engine call but its probe (and, vllm-lazy, the unload of a retired
@@ -553,20 +596,20 @@ class Reconciler(PassLoop):
             try:
                 self.stager.prepare(adapter)
             except artefacts.ArtefactMismatch as exc:
-                self._refuse(conn, engine, adapter, rep, "sha256", str(exc), True)
+                self._refuse(engine, adapter, rep, "sha256", str(exc), True)
                 continue
             except artefacts.ArtefactError as exc:
-                self._refuse(conn, engine, adapter, rep, "fetch", str(exc), False)
+                self._refuse(engine, adapter, rep, "fetch", str(exc), False)
                 continue
             self._failed_at.pop((adapter_id, engine.url), None)
-            self.deployments.record(conn, adapter_id, engine.url, "loaded", None, checked=True)
+            self.deployments.record(adapter_id, engine.url, "loaded", None, checked=True)
             rep.loaded.append((adapter_id, engine.url))
             log.info("staged adapter %s for %s (loaded on first use)", adapter_id, engine.url)
         for adapter_id in loaded - serving.keys() - self._leaving:
             # An engine that took it on a call keeps it until told (vLLM's resolver).
             if kind.unloads_staged and not self._unload(engine, adapter_id):
                 continue  # tried again next pass
-            self.deployments.record(conn, adapter_id, engine.url, "unloaded", None)
+            self.deployments.record(adapter_id, engine.url, "unloaded", None)
             rep.unloaded.append((adapter_id, engine.url))
         staged = loaded & serving.keys()
         if staged != engine.models:

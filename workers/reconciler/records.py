@@ -3,11 +3,14 @@ serve.adapter_deployment (one row per adapter and engine: loaded, failed or unlo
 when its sha256 was last checked).
 
 The recorded states are read once, when a reconciler starts leading, and kept in memory in
-step with every record it writes: a pass compares sets, it does not read them again.
+step with every record it writes: a pass compares sets, it does not read them again. The
+records are written in batches, one statement each (at the end of a pass, and at most FLUSH_S
+after the first record of a batch), not one per load.
 """
 
 from __future__ import annotations
 
+import time
 from collections.abc import Iterable
 
 from app.core.db import Connection
@@ -28,6 +31,19 @@ _DESIRED = (
     " OR (status = 'candidate' AND tainted_at IS NULL AND id IN ("
     "  SELECT adapter_id FROM serve.adapter_demand WHERE wanted_until > now())))"
     " AND weights_uri IS NOT NULL AND sha256 IS NOT NULL"
+)
+# Records not written yet are written at most this long after the first of them.
+FLUSH_S = 0.5
+# What became of adapters on engines, one row per (adapter, engine); a sha256 checked now.
+_RECORD = (
+    "INSERT INTO serve.adapter_deployment AS d"
+    " (adapter_id, engine_url, state, error, sha256_checked_at)"
+    " SELECT a, e, s, err, CASE WHEN c THEN now() END"
+    " FROM unnest(%(a)s::text[], %(e)s::text[], %(s)s::text[], %(err)s::text[], %(c)s::bool[])"
+    " AS r(a, e, s, err, c)"
+    " ON CONFLICT (adapter_id, engine_url) DO UPDATE SET state = excluded.state,"
+    " error = excluded.error, updated_at = now(),"
+    " sha256_checked_at = coalesce(excluded.sha256_checked_at, d.sha256_checked_at)"
 )
 _RANKS = {"canary": CANARY, "prod": PROD, "previous": PREVIOUS}
 # An adapter asked for by id: any with a verified artefact that is not retired, failed or
@@ -91,10 +107,14 @@ def loaded_on(conn: Connection, url: str) -> set[str]:
 
 class Deployments:
     """Per engine URL, the adapters recorded loaded there: read once (read()), then kept in
-    step with record()."""
+    step with record(); the records themselves are written in batches (flush(): one statement
+    for all of them, at the end of each pass and at most FLUSH_S after the first)."""
 
     def __init__(self) -> None:
         self.loaded: dict[str, set[str]] | None = None
+        # (adapter, engine) -> (state, error, sha256 checked): not written yet.
+        self._pending: dict[tuple[str, str], tuple[str, str | None, bool]] = {}
+        self._since = 0.0
 
     def read(self, conn: Connection, urls: Iterable[str]) -> dict[str, set[str]]:
         """Read what is recorded for these engines (when a reconciler starts leading)."""
@@ -102,8 +122,10 @@ class Deployments:
         return self.loaded
 
     def forget(self) -> None:
-        """Read them again before the next use (another leader may have changed them)."""
+        """Read them again before the next use (another leader may have changed them); what
+        was not written yet is dropped (what the engines list is recorded again)."""
         self.loaded = None
+        self._pending.clear()
 
     def on(self, url: str) -> set[str]:
         """The adapters recorded loaded on an engine (empty until read)."""
@@ -113,7 +135,6 @@ class Deployments:
 
     def record(
         self,
-        conn: Connection,
         adapter_id: str,
         engine_url: str,
         state: str,
@@ -121,19 +142,41 @@ class Deployments:
         *,
         checked: bool = False,
     ) -> None:
-        """Record what became of an adapter on an engine (loaded, failed, unloaded)."""
-        conn.execute(
-            "INSERT INTO serve.adapter_deployment AS d"
-            " (adapter_id, engine_url, state, error, sha256_checked_at)"
-            " VALUES (%(a)s, %(e)s, %(s)s, %(err)s, CASE WHEN %(c)s THEN now() END)"
-            " ON CONFLICT (adapter_id, engine_url) DO UPDATE SET state = excluded.state,"
-            " error = excluded.error, updated_at = now(),"
-            " sha256_checked_at = coalesce(excluded.sha256_checked_at, d.sha256_checked_at)",
-            {"a": adapter_id, "e": engine_url, "s": state, "err": error, "c": checked},
-        )
+        """Note what became of an adapter on an engine (loaded, failed, unloaded); written by
+        the next flush()."""
+        key = (adapter_id, engine_url)
+        if not self._pending:
+            self._since = time.monotonic()
+        before = self._pending.get(key)
+        self._pending[key] = (state, error, checked or (before is not None and before[2]))
         if self.loaded is not None:
             loaded = self.loaded.setdefault(engine_url, set())
             if state == "loaded":
                 loaded.add(adapter_id)
             else:
                 loaded.discard(adapter_id)
+
+    def flush_in(self) -> float | None:
+        """Seconds until the records not written yet are due (None: there are none)."""
+        if not self._pending:
+            return None
+        return max(0.0, self._since + FLUSH_S - time.monotonic())
+
+    def flush(self, conn: Connection, *, due_only: bool = False) -> None:
+        """Write the records not written yet, in one statement (with due_only, only once they
+        are due)."""
+        wait = self.flush_in()
+        if wait is None or (due_only and wait > 0):
+            return
+        pending, self._pending = self._pending, {}
+        keys = list(pending)
+        conn.execute(
+            _RECORD,
+            {
+                "a": [k[0] for k in keys],
+                "e": [k[1] for k in keys],
+                "s": [pending[k][0] for k in keys],
+                "err": [pending[k][1] for k in keys],
+                "c": [pending[k][2] for k in keys],
+            },
+        )
