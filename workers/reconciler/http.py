@@ -67,12 +67,14 @@ class Reply:
 class _Parsed:
     """httptools' callbacks for one response."""
 
-    __slots__ = ("body", "done", "headers")
+    __slots__ = ("body", "done", "headers", "keep", "parser")
 
     def __init__(self) -> None:
         self.body: list[bytes] = []
         self.headers: list[tuple[bytes, bytes]] = []
         self.done = False
+        self.keep = False
+        self.parser = httptools.HttpResponseParser(self)
 
     def on_header(self, name: bytes, value: bytes) -> None:
         self.headers.append((name, value))
@@ -82,6 +84,8 @@ class _Parsed:
 
     def on_message_complete(self) -> None:
         self.done = True
+        # Read here: once the message is complete the parser resets, and says "close".
+        self.keep = self.parser.should_keep_alive()
 
 
 class _Conn:
@@ -105,7 +109,7 @@ class _Conn:
         self.sock.sendall(request)
         sent[0] = True
         parsed = _Parsed()
-        parser = httptools.HttpResponseParser(parsed)
+        parser = parsed.parser
         while not parsed.done:
             data = self.sock.recv(65536)
             if not data:
@@ -114,7 +118,7 @@ class _Conn:
                     raise ConnectionResetError("the engine closed the connection")
                 break
             parser.feed_data(data)
-        return parser.get_status_code(), parsed, parser.should_keep_alive()
+        return parser.get_status_code(), parsed, parsed.keep
 
     def close(self) -> None:
         with contextlib.suppress(OSError):
