@@ -13,7 +13,7 @@ from contextlib import contextmanager
 import httpx
 import pytest
 
-from workers.reconciler import http as reconciler_http
+from app.core import http1
 from workers.reconciler.http import LeanClient, Reply
 
 # Request bytes -> (raw response or None to drop the call unanswered, keep the connection open).
@@ -165,7 +165,7 @@ def test_idle_connections_expire_before_the_engines_keep_alive(
     with serve(lambda request: (ok(b"{}"), True)) as (url, _seen, accepted):
         client = LeanClient()
         client.get(url + "/a")
-        monkeypatch.setattr(reconciler_http, "KEEPALIVE_S", 0.0)
+        monkeypatch.setattr(http1, "KEEPALIVE_S", 0.0)
         client.get(url + "/a")
         assert len(accepted) == 2
         client.close()
