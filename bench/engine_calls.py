@@ -12,9 +12,9 @@ opens one at its first call).
 
 The clients: `reconciler` (workers/reconciler/http.py of this checkout), `httpx` (one
 httpx.Client kept), and for each --before REF the LeanClient of workers/reconciler/http.py at
-git REF (named REF).
+git REF (named REF; that file alone, importing this checkout's app/).
 
-Usage: python bench/engine_calls.py [--n 200] [--rounds 3] [--gap 0.03] [--before REF ...]
+Usage: python bench/engine_calls.py [--n 150] [--rounds 5] [--gap 0.03] [--before REF ...]
 BENCHMARKS.md, "The fleet at 10,000 routes", has the numbers.
 """
 
@@ -103,8 +103,8 @@ def cycles(client: Any, url: str, path: str, n: int, gap: float, tag: str) -> di
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n", 1)[0])
-    parser.add_argument("--n", type=int, default=200, help="cycles per client per round")
-    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--n", type=int, default=150, help="cycles per client per round")
+    parser.add_argument("--rounds", type=int, default=5)
     parser.add_argument("--gap", type=float, default=0.03, help="seconds between calls")
     parser.add_argument(
         "--before", metavar="REF", action="append", default=[], help="the client at a git ref"

@@ -1,7 +1,7 @@
 """The reconciler's HTTP client for the engines' control calls (load, unload, probe, describe).
 
 A load's engine call was its largest CPU cost. Per call, calls tens of milliseconds apart:
-httpx ~1.4 ms of CPU, the standard library's http.client ~0.55 ms, this ~0.3 ms (a socket per
+httpx ~1.6 ms of CPU, the standard library's http.client ~0.7 ms, this ~0.35 ms (a socket per
 engine kept alive, app/core/http1.py's request and httptools parsing, nothing built that is not
 read; BENCHMARKS.md, "The fleet at 10,000 routes"). It answers what the engine kinds read
 (app/engines/base.py Http) and fails with httpx's exceptions, so every caller's
