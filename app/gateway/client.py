@@ -1,22 +1,21 @@
 """The gateway's lean HTTP client for whole (non-streamed) calls to plain-HTTP engines.
 
 The gateway's hot path: aiohttp costs ~0.2 ms of CPU per call here and this ~0.05 ms
-(httptools parses; BENCHMARKS.md, Router). What it answers, a Reply, is one kind of
-EngineResponse; app/gateway/pool.py sends streams and calls to https engines through aiohttp.
+(app/core/http1.py's request and httptools parsing; BENCHMARKS.md, Router). What it answers, a
+Reply, is one kind of EngineResponse; app/gateway/pool.py sends streams and calls to https
+engines through aiohttp.
 """
 
 from __future__ import annotations
 
 import asyncio
 import socket
-import time
-from collections import deque
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from typing import Protocol
 from urllib.parse import urlsplit
 
-import httptools
+from app.core import http1
 
 
 class EngineResponse(Protocol):
@@ -41,9 +40,6 @@ class EngineError(Exception):
     """An engine call failed below HTTP: refused, reset, closed early, or not valid HTTP."""
 
 
-# Idle upstream connections are dropped before the engine's own keep-alive timeout (uvicorn's
-# and vLLM's is 5 s), so the router never sends on a connection the engine is closing.
-KEEPALIVE_S = 4.0
 CONNECT_TIMEOUT = 2.0
 # Idle connections kept per engine (more are closed when they come back).
 MAX_IDLE = 1000
@@ -68,14 +64,13 @@ class Reply:
         """Nothing to give back: the connection went back to the pool when the body was in."""
 
 
-class _Connection(asyncio.Protocol):
+class _Connection(http1.Responses, asyncio.Protocol):
     """One keep-alive HTTP/1.1 connection to an engine; one request at a time."""
 
     def __init__(self) -> None:
+        super().__init__()
         self.transport: asyncio.Transport | None = None
-        self.parser = httptools.HttpResponseParser(self)
         self.waiter: asyncio.Future[Reply] | None = None
-        self.chunks: list[bytes] = []
         self.lost = False
         self.idle_since = 0.0
 
@@ -91,18 +86,14 @@ class _Connection(asyncio.Protocol):
             return
         try:
             self.parser.feed_data(data)
-        except httptools.HttpParserError as exc:
+        except http1.ParseError as exc:
             self._fail(EngineError(f"invalid HTTP response: {exc}"))
 
-    def on_body(self, body: bytes) -> None:
-        self.chunks.append(body)
-
-    def on_message_complete(self) -> None:
+    def complete(self, status: int, body: bytes, keep_alive: bool) -> None:
         waiter, self.waiter = self.waiter, None
         if waiter is not None and not waiter.done():
-            waiter.set_result(Reply(self.parser.get_status_code(), b"".join(self.chunks)))
-        self.chunks = []
-        if not self.parser.should_keep_alive():
+            waiter.set_result(Reply(status, body))
+        if not keep_alive:
             self.close()
 
     def connection_lost(self, exc: Exception | None) -> None:
@@ -140,7 +131,7 @@ class EngineClient:
 
     def __init__(self, *, timeout: float) -> None:
         self.timeout = timeout
-        self._idle: dict[tuple[str, int], deque[_Connection]] = {}
+        self._idle: http1.IdlePool[_Connection] = http1.IdlePool(MAX_IDLE)
         self._targets: dict[str, _Target | None] = {}
 
     def target(self, base_url: str) -> _Target | None:
@@ -156,13 +147,9 @@ class EngineClient:
         return self._targets[base_url]
 
     async def _connection(self, host: str, port: int) -> _Connection:
-        idle = self._idle.get((host, port))
-        now = time.monotonic()
-        while idle:
-            conn = idle.pop()  # the most recently used: least likely to be closing
-            if not conn.lost and now - conn.idle_since < KEEPALIVE_S:
-                return conn
-            conn.close()
+        conn = self._idle.take((host, port))
+        if conn is not None:
+            return conn
         loop = asyncio.get_running_loop()
         try:
             async with asyncio.timeout(CONNECT_TIMEOUT):
@@ -184,9 +171,7 @@ class EngineClient:
         conn.waiter = waiter
         assert conn.transport is not None
         conn.transport.write(
-            b"POST %s HTTP/1.1\r\nHost: %s\r\nContent-Type: application/json\r\n"
-            b"Content-Length: %d\r\n\r\n%s"
-            % ((target.prefix + path).encode(), target.authority, len(body), body)
+            http1.request(b"POST", (target.prefix + path).encode(), target.authority, body)
         )
         timer = loop.call_later(
             self.timeout, conn._fail, TimeoutError(f"no answer in {self.timeout:g} s")
@@ -199,16 +184,9 @@ class EngineClient:
         finally:
             timer.cancel()
         if not conn.lost:
-            conn.idle_since = time.monotonic()
-            idle = self._idle.setdefault((host, port), deque())
-            if len(idle) < MAX_IDLE:
-                idle.append(conn)
-            else:
-                conn.close()
+            self._idle.give((host, port), conn)
         return reply
 
     def close(self) -> None:
         """Close every idle connection."""
-        for idle in self._idle.values():
-            while idle:
-                idle.pop().close()
+        self._idle.close()

@@ -15,11 +15,12 @@ from dataclasses import dataclass
 import aiohttp
 import orjson
 
+from app.core.http1 import KEEPALIVE_S
 from app.engines.base import base_ids
 from app.engines.kinds import kind_of
 from app.engines.placement import affinity
 from app.engines.state import EngineState, model_ids
-from app.gateway.client import KEEPALIVE_S, EngineClient, EngineError, EngineResponse
+from app.gateway.client import EngineClient, EngineError, EngineResponse
 
 # Errors of an engine call that mean "this engine failed" (not "the model failed").
 ENGINE_ERRORS: tuple[type[BaseException], ...] = (aiohttp.ClientError, TimeoutError, EngineError)

@@ -10,7 +10,7 @@ from typing import Any
 import pytest
 import uvloop
 
-from app.gateway import client as engine_client
+from app.core import http1
 from app.gateway.client import EngineClient, EngineError, EngineResponse, Reply
 from app.gateway.pool import ENGINE_ERRORS
 
@@ -152,7 +152,7 @@ def test_idle_connections_expire_before_the_engines_keep_alive(
         server, url, accepted = await serve(answer)
         client = EngineClient(timeout=5)
         await client.post(url, "/a", b"{}")
-        monkeypatch.setattr(engine_client, "KEEPALIVE_S", 0.0)
+        monkeypatch.setattr(http1, "KEEPALIVE_S", 0.0)
         await client.post(url, "/a", b"{}")
         assert len(accepted) == 2
         await stop(client, server)

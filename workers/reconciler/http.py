@@ -1,11 +1,11 @@
 """The reconciler's HTTP client for the engines' control calls (load, unload, probe, describe).
 
-A load's engine call was its largest CPU cost: httpx spent ~1.5 ms of CPU per call here when
-calls come tens of milliseconds apart (its caches cold), this client ~0.3 ms (one socket per
-engine kept alive, httptools parses, nothing built that is not read; BENCHMARKS.md, "The fleet
-at 10,000 routes"). It answers what the engine kinds read (app/engines/base.py Http) and fails
-with httpx's exceptions, so every caller's `except httpx.HTTPError` holds; https engines go
-through httpx.
+A load's engine call was its largest CPU cost. Per call, calls tens of milliseconds apart:
+httpx ~1.6 ms of CPU, the standard library's http.client ~0.7 ms, this ~0.35 ms (a socket per
+engine kept alive, app/core/http1.py's request and httptools parsing, nothing built that is not
+read; BENCHMARKS.md, "The fleet at 10,000 routes"). It answers what the engine kinds read
+(app/engines/base.py Http) and fails with httpx's exceptions, so every caller's
+`except httpx.HTTPError` holds; https engines go through httpx.
 """
 
 from __future__ import annotations
@@ -13,19 +13,15 @@ from __future__ import annotations
 import contextlib
 import socket
 import threading
-import time
-from collections import deque
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 from urllib.parse import urlsplit
 
-import httptools
 import httpx
 import orjson
 
-# Idle connections are dropped before the engine's own keep-alive timeout (uvicorn's and
-# vLLM's is 5 s), so no request goes out on a connection the engine is closing.
-KEEPALIVE_S = 4.0
+from app.core import http1
+
 _MAX_IDLE = 4  # per engine: its load thread, the pass's probes, an unload
 
 
@@ -37,7 +33,6 @@ class Reply:
     content: bytes
     method: str
     url: str
-    headers: list[tuple[bytes, bytes]] = field(default_factory=list)
 
     @property
     def text(self) -> str:
@@ -53,9 +48,7 @@ class Reply:
         if self.status_code < 400:
             return self
         request = httpx.Request(self.method, self.url)
-        response = httpx.Response(
-            self.status_code, headers=self.headers, content=self.content, request=request
-        )
+        response = httpx.Response(self.status_code, content=self.content, request=request)
         kind = "Client" if self.status_code < 500 else "Server"
         raise httpx.HTTPStatusError(
             f"{kind} error '{self.status_code}' for url '{self.url}'",
@@ -64,30 +57,14 @@ class Reply:
         )
 
 
-class _Parsed:
-    """httptools' callbacks for one response."""
-
-    __slots__ = ("body", "done", "headers")
-
-    def __init__(self) -> None:
-        self.body: list[bytes] = []
-        self.headers: list[tuple[bytes, bytes]] = []
-        self.done = False
-
-    def on_header(self, name: bytes, value: bytes) -> None:
-        self.headers.append((name, value))
-
-    def on_body(self, body: bytes) -> None:
-        self.body.append(body)
-
-    def on_message_complete(self) -> None:
-        self.done = True
-
-
-class _Conn:
+class _Conn(http1.Responses):
     """One keep-alive connection to an engine; one request at a time."""
 
+    idle_since = 0.0
+    lost = False
+
     def __init__(self, host: str, port: int, connect_timeout: float):
+        super().__init__()
         try:
             self.sock = socket.create_connection((host, port), timeout=connect_timeout)
         except TimeoutError as exc:
@@ -95,28 +72,25 @@ class _Conn:
         except OSError as exc:
             raise httpx.ConnectError(f"cannot connect to {host}:{port}: {exc}") from exc
         self.sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-        self.idle_since = time.monotonic()
+        self.answer: tuple[int, bytes, bool] | None = None
 
-    def exchange(
-        self, request: bytes, timeout: float, sent: list[bool]
-    ) -> tuple[int, _Parsed, bool]:
-        """Send one request, read its whole response: (status, parsed, keep alive)."""
+    def complete(self, status: int, body: bytes, keep_alive: bool) -> None:
+        self.answer = (status, body, keep_alive)
+
+    def exchange(self, request: bytes, timeout: float) -> tuple[int, bytes, bool]:
+        """Send one request, read its whole response: (status, body, keep alive)."""
         self.sock.settimeout(timeout)
         self.sock.sendall(request)
-        sent[0] = True
-        parsed = _Parsed()
-        parser = httptools.HttpResponseParser(parsed)
-        while not parsed.done:
+        self.answer = None
+        while self.answer is None:
             data = self.sock.recv(65536)
             if not data:
-                parser.feed_data(b"")  # a body delimited by the close ends here
-                if not parsed.done:
-                    raise ConnectionResetError("the engine closed the connection")
-                break
-            parser.feed_data(data)
-        return parser.get_status_code(), parsed, parser.should_keep_alive()
+                raise ConnectionResetError("the engine closed the connection")
+            self.parser.feed_data(data)
+        return self.answer
 
     def close(self) -> None:
+        self.lost = True
         with contextlib.suppress(OSError):
             self.sock.close()
 
@@ -128,7 +102,7 @@ class LeanClient:
     def __init__(self, *, connect_timeout: float = 10.0, read_timeout: float = 300.0):
         self.connect_timeout = connect_timeout
         self.read_timeout = read_timeout
-        self._idle: dict[tuple[str, int], deque[_Conn]] = {}
+        self._idle: http1.IdlePool[_Conn] = http1.IdlePool(_MAX_IDLE)
         self._lock = threading.Lock()
         self._httpx: httpx.Client | None = None
 
@@ -148,57 +122,34 @@ class LeanClient:
         parts = urlsplit(url)
         if parts.scheme != "http" or parts.hostname is None:
             return self._fallback(method, url, body, timeout)
-        host, port = parts.hostname, parts.port or 80
+        key = (parts.hostname, parts.port or 80)
         target = (parts.path or "/") + (f"?{parts.query}" if parts.query else "")
-        head = f"{method} {target} HTTP/1.1\r\nhost: {parts.netloc}\r\naccept: */*\r\n"
-        if body is not None:
-            head += f"content-type: application/json\r\ncontent-length: {len(body)}\r\n"
-        request = head.encode("latin-1") + b"\r\n" + (body or b"")
+        request = http1.request(method.encode(), target.encode(), parts.netloc.encode(), body)
         read = timeout if timeout is not None else self.read_timeout
-        key = (host, port)
         for attempt in (0, 1):
-            conn, reused = self._take(key)
+            with self._lock:
+                conn = self._idle.take(key)
+            reused = conn is not None
             if conn is None:
-                conn = _Conn(host, port, timeout or self.connect_timeout)
-            sent = [False]
+                conn = _Conn(*key, timeout or self.connect_timeout)
             try:
-                status, parsed, keep = conn.exchange(request, read, sent)
+                status, content, keep_alive = conn.exchange(request, read)
             except TimeoutError as exc:
                 conn.close()
                 raise httpx.ReadTimeout(f"{method} {url} timed out after {read:g} s") from exc
-            except (OSError, httptools.HttpParserError) as exc:
+            except (OSError, http1.ParseError) as exc:
                 conn.close()
                 # A kept connection the engine closed meanwhile: once more on a new one.
                 if reused and attempt == 0 and isinstance(exc, OSError):
                     continue
-                what = "send" if not sent[0] else "read"
-                raise httpx.ReadError(f"{method} {url}: cannot {what} ({exc})") from exc
-            if keep:
-                self._give(key, conn)
+                raise httpx.ReadError(f"{method} {url}: {exc}") from exc
+            if keep_alive:
+                with self._lock:
+                    self._idle.give(key, conn)
             else:
                 conn.close()
-            return Reply(status, b"".join(parsed.body), method, url, parsed.headers)
+            return Reply(status, content, method, url)
         raise AssertionError("unreachable")
-
-    def _take(self, key: tuple[str, int]) -> tuple[_Conn | None, bool]:
-        now = time.monotonic()
-        with self._lock:
-            idle = self._idle.get(key)
-            while idle:
-                conn = idle.pop()
-                if now - conn.idle_since < KEEPALIVE_S:
-                    return conn, True
-                conn.close()
-        return None, False
-
-    def _give(self, key: tuple[str, int], conn: _Conn) -> None:
-        conn.idle_since = time.monotonic()
-        with self._lock:
-            idle = self._idle.setdefault(key, deque())
-            if len(idle) < _MAX_IDLE:
-                idle.append(conn)
-                return
-        conn.close()
 
     def _fallback(
         self, method: str, url: str, body: bytes | None, timeout: float | None
@@ -218,10 +169,7 @@ class LeanClient:
     def close(self) -> None:
         """Close every kept connection (and httpx's, when an https engine used it)."""
         with self._lock:
-            conns = [c for idle in self._idle.values() for c in idle]
-            self._idle.clear()
+            self._idle.close()
             client, self._httpx = self._httpx, None
-        for conn in conns:
-            conn.close()
         if client is not None:
             client.close()
