@@ -85,6 +85,28 @@ def connect(url: str, worker_id: str) -> psycopg.Connection[Any]:
     return conn
 
 
+# The check suites of routes whose loop is on, once per base model, each with a digest of its
+# cases (what the base's kept score depends on); a suite without cases has none.
+_LOOPED_SUITES = (
+    "SELECT DISTINCT ON (s.tenant_id, s.id, r.base_model) s.*, r.base_model,"
+    " (SELECT md5(string_agg(c::text, ',' ORDER BY c.id)) FROM train.eval_case c"
+    "   WHERE c.tenant_id = s.tenant_id AND c.suite_id = s.id) AS cases_digest"
+    " FROM train.eval_suite s"
+    " JOIN loop.policy p ON p.tenant_id = s.tenant_id AND p.enabled"
+    " AND (s.route IS NULL OR s.route = p.route)"
+    " JOIN serve.route r ON r.tenant_id = p.tenant_id AND r.name = p.route"
+    " WHERE s.kind <> 'judge' ORDER BY s.tenant_id, s.id, r.base_model"
+)
+
+
+def _cases(conn: psycopg.Connection[Any], suite: dict[str, Any]) -> list[dict[str, Any]]:
+    """A suite's cases, in order."""
+    return conn.execute(
+        "SELECT * FROM train.eval_case WHERE tenant_id = %s AND suite_id = %s ORDER BY id",
+        (suite["tenant_id"], suite["id"]),
+    ).fetchall()
+
+
 def _finite(x: float) -> float | None:
     return x if math.isfinite(x) else None
 
@@ -102,6 +124,8 @@ class Evaluator:
         # cases as they are now), and per held-out split (a settings sweep trains several
         # candidates on one snapshot). Keyed by what they depend on (BaseScores.key).
         self.base_scores = BaseScores()
+        # The looped suites warm() has read, as (tenant, suite, base, digest of its cases).
+        self._warmed: set[tuple[int, str, str, str]] = set()
 
     # -- queue ---------------------------------------------------------------------------------
     def run_once(self) -> int:
@@ -288,10 +312,7 @@ class Evaluator:
         prod_dir: Path | None,
         results: dict[str, dict[str, dict[str, Any]]],
     ) -> None:
-        cases = conn.execute(
-            "SELECT * FROM train.eval_case WHERE tenant_id = %s AND suite_id = %s ORDER BY id",
-            (suite["tenant_id"], suite["id"]),
-        ).fetchall()
+        cases = _cases(conn, suite)
         judge = suite["kind"] == "judge"
         settings = self.cfg.settings
         if judge and not settings.eval_judge_url:
@@ -366,26 +387,21 @@ class Evaluator:
         is on, where no score is kept for its cases yet, so that the route's first candidate
         is compared at once (the observe phase's traffic accrues meanwhile). True when it
         scored one; one suite per call keeps a request that arrives from waiting long."""
-        rows = conn.execute(
-            "SELECT s.*, r.base_model FROM train.eval_suite s"
-            " JOIN loop.policy p ON p.tenant_id = s.tenant_id AND p.enabled"
-            " AND (s.route IS NULL OR s.route = p.route)"
-            " JOIN serve.route r ON r.tenant_id = p.tenant_id AND r.name = p.route"
-            " WHERE s.kind <> 'judge' ORDER BY s.id, r.base_model"
-        ).fetchall()
-        for suite in rows:
+        for suite in conn.execute(_LOOPED_SUITES).fetchall():
             base_name = str(suite["base_model"])
+            # Each idle pass reads only the digests: a suite's cases are read once per change.
+            seen = (suite["tenant_id"], suite["id"], base_name, suite["cases_digest"])
+            if suite["cases_digest"] is None or seen in self._warmed:
+                continue
+            if len(self._warmed) >= BaseScores.LIMIT:
+                self._warmed.clear()
+            self._warmed.add(seen)
             try:
                 _, revision = base_model.resolve(base_name, self.cfg.models_dir)
             except (OSError, ValueError) as exc:
                 log.debug("base %s cannot be resolved here: %s", base_name, exc)
                 continue
-            cases = conn.execute(
-                "SELECT * FROM train.eval_case WHERE tenant_id = %s AND suite_id = %s ORDER BY id",
-                (suite["tenant_id"], suite["id"]),
-            ).fetchall()
-            if not cases:
-                continue
+            cases = _cases(conn, suite)
             base = {"base_model": base_name, "base_revision": revision}
             key = self._base_suite_key(base, suite, cases)
             if key in self.base_scores:
@@ -464,7 +480,7 @@ def _engine_load(client: httpx.Client, name: str, path: Path | None, settings: S
 
 def _engine_answers(client: httpx.Client, model_name: str, concurrency: int) -> scoring.Answer:
     """Greedy answers by the engine, up to `concurrency` requests in flight (the engine batches
-    them: on the CPU engine 8 at once take about as long as 2 one after another)."""
+    them)."""
 
     def one(chat: tuple[list[dict[str, Any]], int]) -> str:
         messages, max_tokens = chat
