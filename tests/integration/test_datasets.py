@@ -17,6 +17,7 @@ import httpx
 import psycopg
 import pytest
 from psycopg.rows import dict_row
+from psycopg.types.json import Jsonb
 
 from app.core.auth import create_key
 from app.core.config import Settings
@@ -911,6 +912,27 @@ def test_api_role_can_snapshot_only_its_own_tenant(conn, world):
         assert len(datasets.export_snapshot(c, snapshot_id=snap.id, split="train")) == snap.n_train
         with pytest.raises(psycopg.errors.InsufficientPrivilege):
             c.execute("SELECT * FROM train.kto_candidate")
+        c.rollback()
+
+
+def test_a_file_snapshot_is_taken_only_for_the_own_tenant_and_an_existing_route(conn, world):
+    """train.create_file_snapshot (the fine-tuning API's) shares create_snapshot's check."""
+    tenant, route = world
+    other = make_tenant(conn)
+    example = Jsonb([{"messages": [{"role": "user", "content": "hi"},
+                                   {"role": "assistant", "content": "hello"}]}])  # fmt: skip
+    call = "SELECT id FROM train.create_file_snapshot(%s, %s, 'sft', %s, NULL, NULL, 'test')"
+    with psycopg.connect(conn.info.dsn, row_factory=dict_row) as c:
+        as_tenant(c, other["id"])
+        with pytest.raises(psycopg.errors.InsufficientPrivilege, match="own behalf"):
+            c.execute(call, (tenant["id"], route["name"], example))
+        c.rollback()
+        as_tenant(c, tenant["id"])
+        with pytest.raises(psycopg.errors.NoDataFound, match="route nope not found"):
+            c.execute(call, (tenant["id"], "nope", example))
+        c.rollback()
+        as_tenant(c, tenant["id"])
+        assert c.execute(call, (tenant["id"], route["name"], example)).fetchone()["id"]
         c.rollback()
 
 
