@@ -1,11 +1,13 @@
 """`cft migrate`: the state migrations a database lacks, then the code of sql/ when it changed.
 
-sql/ is the database as it is now: state (sql/state/) and code (every other file). A database
-made by `cft migrate` records in public.cft_migration the migrations of migrations/ it has (by
-file name) and the sha256 of each code file it runs. On an empty database, migrate applies sql/
-(state, then code) and records every migration as applied. On any other, in one transaction:
-when a migration is pending or a code file changed, it drops the code (drop_code.sql), runs the
-pending migrations in name order, and applies every code file again.
+sql/ is the database as it is now: state (sql/state/) and code (every other file). migrations/
+is the state's history: a baseline with no SQL (sql/state/ as of the commit that added it), then
+forward-only plain SQL, numbered. A database made by `cft migrate` records in
+public.cft_migration the migrations it has (by file name) and the sha256 of each code file it
+runs. On an empty database, migrate applies sql/ (state, then code) and records every migration
+as applied. On any other, in one transaction: when a migration is pending or a code file
+changed, it drops the code (drop_code.sql), runs the pending migrations in number order, and
+applies every code file again.
 """
 
 from __future__ import annotations
@@ -28,10 +30,27 @@ SCHEMAS = ("public", "obs", "serve", "train", "auth", "stats", "loop")
 TRACKING_TABLE = "public.cft_migration"
 # Two `cft migrate` at once (services that migrate as they start) run one after the other.
 LOCK_KEY = 0x63667400
-# A database made by the Alembic history that migrations/ replaced, at its last revision, holds
-# exactly the state of the baseline: migrate records the baseline and applies the code again.
-ALEMBIC_LAST_REVISION = "20261215"
-BASELINE = "20261216_baseline.sql"
+# The baseline holds no SQL: it stands for sql/state/ as of the commit that added it (the state
+# history was rebased there, before 1.0). A database gets it with sql/, never by running it.
+BASELINE = "0001_baseline.sql"
+# The migrations of the history rebased on 2026-12-06: a database that has them all has exactly
+# the baseline's state, and migrate records the baseline instead. Older ones are made again.
+REBASED = (
+    "20261216_baseline.sql",
+    "20261217_dashboard_session.sql",
+    "20261218_loop_learns.sql",
+    "20261219_drop_adapter_experiment.sql",
+    "20261220_eval_results_append_only.sql",
+    "20261221_api_login.sql",
+    "20261222_tenant_names.sql",
+    "20261223_route_fallback.sql",
+    "20261224_openai_fine_tuning.sql",
+    "20261225_adapter_import.sql",
+)
+REMAKE = (
+    "Make it again (pre-1.0, the migrations were rebased): for the embedded database,"
+    " `cft db down` and remove CFT_HOME/pgdata (default .cft/pgdata)."
+)
 # The partitions a new database starts with: this week's and four ahead, from last week on.
 FIRST_PARTITIONS = "SELECT obs.create_partitions(4, now() - interval '7 days')"
 
@@ -65,7 +84,7 @@ class Outcome:
 
 
 def migration_names(migrations_dir: Path = MIGRATIONS_DIR) -> list[str]:
-    """The state migrations, in the order they run (their names sort by date)."""
+    """The state migrations, in the order they run (their names start with a 4-digit number)."""
     return sorted(p.name for p in migrations_dir.glob("*.sql"))
 
 
@@ -118,7 +137,7 @@ def _migrate(
             _record(conn, "state", name, render(name, embedding_dim=dim, root=migrations_dir))
         _record_code(conn, code)
         return Outcome(created=True, migrations=tuple(names), code=())
-    _adopt_alembic(conn, names, migrations_dir=migrations_dir, dim=dim)
+    _adopt(conn, migrations_dir=migrations_dir, dim=dim)
     applied = _recorded(conn, "state")
     unknown = sorted(set(applied) - set(names))
     if unknown:
@@ -127,6 +146,8 @@ def _migrate(
             " it was migrated by a newer cft; run that one"
         )
     pending = [name for name in names if name not in applied]
+    if BASELINE in pending:
+        raise RuntimeError(f"the database has migrations but not {BASELINE}. {REMAKE}")
     recorded = _recorded(conn, "code")
     changed = sorted(p for p in code.keys() | recorded.keys() if code.get(p) != recorded.get(p))
     if not pending and not changed:
@@ -160,27 +181,27 @@ def _is_empty(conn: psycopg.Connection[Any]) -> bool:
     return row is not None and not row[0]
 
 
-def _adopt_alembic(
-    conn: psycopg.Connection[Any], names: list[str], *, migrations_dir: Path, dim: int
-) -> None:
-    """Take over a database of the Alembic history at its last revision; refuse older ones."""
-    if conn.execute("SELECT to_regclass('public.alembic_version')").fetchone() == (None,):
-        if not _recorded(conn, "state"):
-            raise RuntimeError(
-                "the database has cft's schemas but no record of its migrations"
-                f" ({TRACKING_TABLE}): it was not made by cft migrate"
-            )
-        return
-    row = conn.execute("SELECT max(version_num) FROM alembic_version").fetchone()
-    version = row[0] if row else None
-    if version != ALEMBIC_LAST_REVISION or BASELINE not in names:
+def _adopt(conn: psycopg.Connection[Any], *, migrations_dir: Path, dim: int) -> None:
+    """Take over a database of the history rebased on 2026-12-06; refuse older ones readably."""
+    if conn.execute("SELECT to_regclass('public.alembic_version')").fetchone() != (None,):
+        raise RuntimeError(f"this database's schema predates cft migrate (Alembic). {REMAKE}")
+    applied = _recorded(conn, "state")
+    if not applied:
         raise RuntimeError(
-            f"this database is at schema revision {version}, from before the migrations were"
-            " rebased (pre-1.0): it cannot be upgraded. Make it again: for the embedded"
-            " database, `cft db down` and remove CFT_HOME/pgdata (default .cft/pgdata)."
+            "the database has cft's schemas but no record of its migrations"
+            f" ({TRACKING_TABLE}): it was not made by cft migrate"
         )
+    old = sorted(set(applied) & set(REBASED))
+    if not old:
+        return
+    missing = [name for name in REBASED if name not in applied]
+    if missing:
+        raise RuntimeError(
+            f"this database lacks migrations of the history before the rebase"
+            f" ({', '.join(missing)}) that no cft applies now. {REMAKE}"
+        )
+    conn.execute(f"DELETE FROM {TRACKING_TABLE} WHERE kind = 'state' AND name = ANY (%s)", (old,))
     _record(conn, "state", BASELINE, render(BASELINE, embedding_dim=dim, root=migrations_dir))
-    conn.execute("DROP TABLE alembic_version")
 
 
 def _recorded(conn: psycopg.Connection[Any], kind: str) -> dict[str, str]:

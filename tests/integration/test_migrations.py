@@ -1,7 +1,7 @@
 """cft migrate: sql/ on an empty database, state migrations and changed code on an existing one.
 
-"State history + code" (the baseline, the migrations after it, then the code of sql/) and "a
-fresh apply of sql/" give the same catalog, and so does an existing database after its code
+"State history + code" (sql/state/ at the baseline's commit, the migrations after it, then the
+code of sql/) and "a fresh apply of sql/" give the same catalog, and so does an existing database after its code
 changed.
 """
 
@@ -26,10 +26,10 @@ from app.core.sqlfiles import (
     apply_schema,
     code_files,
     manifest,
-    render,
     state_files,
 )
 from tests.support import db as testdb
+from tests.support import history
 from tests.support.catalog import catalog, differences
 
 DIM = get_settings().embedding_dim
@@ -129,16 +129,27 @@ def test_cft_migrate_creates_an_empty_database_from_sql(new_db, fresh_catalog) -
         assert c.execute("SELECT count(*) FROM obs.inference_log_partition").fetchone()[0] >= 5
 
 
-def test_state_history_and_code_equal_a_fresh_apply_of_sql(new_db, fresh_catalog) -> None:
-    """A database the baseline made, brought up to date by cft migrate: the catalog of sql/."""
+def test_migrations_are_numbered_once_from_the_baseline() -> None:
     names = migrations.migration_names()
     assert names[0] == migrations.BASELINE
+    numbers = [name.split("_", 1)[0] for name in names]
+    assert all(re.fullmatch(r"[0-9]{4}", n) for n in numbers), names
+    assert [int(n) for n in numbers] == list(range(1, len(names) + 1)), names
+
+
+def test_state_history_and_code_equal_a_fresh_apply_of_sql(new_db, fresh_catalog, tmp_path) -> None:
+    """sql/state/ at the baseline's commit, the migrations after it, then the code of sql/.
+
+    A state file changed without a migration fails here, once the baseline is committed.
+    """
+    baseline = history.sql_at_baseline(tmp_path)
+    names = migrations.migration_names()
     with psycopg.connect(new_db) as c:
-        c.execute(render(names[0], embedding_dim=DIM, root=migrations.MIGRATIONS_DIR))
+        apply_files(c, state_files(baseline), embedding_dim=DIM, sql_dir=baseline)
         c.execute(migrations.TRACKING_DDL)
         c.execute(
             f"INSERT INTO {migrations.TRACKING_TABLE} (kind, name, sha256) VALUES ('state', %s, '')",
-            (names[0],),
+            (migrations.BASELINE,),
         )
     outcome = migrate(new_db)
     assert outcome.migrations == tuple(names[1:])
@@ -255,7 +266,7 @@ def test_a_table_changes_by_a_migration_and_its_state_file(new_db, tmp_path, pg_
     sql = _copy(tmp_path, SQL_DIR)
     folder = _copy(tmp_path, migrations.MIGRATIONS_DIR)
     # The migration runs with the code dropped: the view that reads the column is no obstacle.
-    (folder / "29991231_route_experiment.sql").write_text(
+    (folder / "0002_route_experiment.sql").write_text(
         "ALTER TABLE serve.route ALTER COLUMN experiment TYPE varchar(200);\n"
         "ALTER TABLE serve.route ADD COLUMN note text;\n"
     )
@@ -270,7 +281,7 @@ def test_a_table_changes_by_a_migration_and_its_state_file(new_db, tmp_path, pg_
         (sql / "serve/route.sql").read_text() + "COMMENT ON COLUMN serve.route.note IS 'A note.';\n"
     )
     outcome = migrations.run(new_db, sql_dir=sql, migrations_dir=folder)
-    assert outcome.migrations == ("29991231_route_experiment.sql",)
+    assert outcome.migrations == ("0002_route_experiment.sql",)
     assert outcome.code == ("serve/route.sql",)
     assert differences(catalog(new_db), _fresh_catalog(pg_server, sql)) == []
     assert str(migrations.run(new_db, sql_dir=sql, migrations_dir=folder)) == UP_TO_DATE
@@ -291,27 +302,42 @@ def test_state_that_depends_on_code_stops_the_migration(new_db, tmp_path) -> Non
         assert c.execute("SELECT to_regclass('serve.route_bucket_idx')").fetchone()[0]
 
 
-def test_a_database_at_the_last_alembic_revision_is_taken_over(new_db, fresh_catalog) -> None:
-    with psycopg.connect(new_db) as c:
-        # That database has the baseline's state (and code of its time, which migrate drops).
-        baseline = migrations.MIGRATIONS_DIR / migrations.BASELINE
-        c.execute(baseline.read_text().replace("__EMBEDDING_DIM__", str(DIM)))
-        c.execute("CREATE TABLE alembic_version (version_num varchar(32) PRIMARY KEY)")
-        c.execute("INSERT INTO alembic_version VALUES (%s)", (migrations.ALEMBIC_LAST_REVISION,))
-    outcome = migrate(new_db)
-    assert outcome.migrations == tuple(migrations.migration_names()[1:])
-    assert outcome.code == tuple(sorted(code_files()))
+def _recorded_as(url: str, names: tuple[str, ...]) -> None:
+    """Make the database's record of state migrations say `names`."""
+    with psycopg.connect(url) as c:
+        c.execute(f"DELETE FROM {migrations.TRACKING_TABLE} WHERE kind = 'state'")
+        for name in names:
+            c.execute(
+                f"INSERT INTO {migrations.TRACKING_TABLE} (kind, name, sha256)"
+                " VALUES ('state', %s, '')",
+                (name,),
+            )
+
+
+def test_a_database_of_the_history_before_the_rebase_is_taken_over(new_db, fresh_catalog) -> None:
+    # Every migration of that history gives the baseline's state: only the record differs.
+    migrate(new_db)
+    _recorded_as(new_db, migrations.REBASED)
+    assert str(migrate(new_db)) == UP_TO_DATE
+    state = {name for kind, name in _recorded(new_db) if kind == "state"}
+    assert state == set(migrations.migration_names())
     assert differences(catalog(new_db), fresh_catalog) == []
-    assert ("state", migrations.BASELINE) in _recorded(new_db)
-    with psycopg.connect(new_db) as c:
-        assert c.execute("SELECT to_regclass('public.alembic_version')").fetchone() == (None,)
 
 
-def test_a_database_from_before_the_rebase_is_refused_readably(new_db) -> None:
+def test_a_database_missing_migrations_of_the_old_history_is_refused_readably(new_db) -> None:
+    migrate(new_db)
+    _recorded_as(new_db, migrations.REBASED[:-1])
+    before = _recorded(new_db)
+    with pytest.raises(RuntimeError, match=rf"lacks .*{migrations.REBASED[-1]}.*cft db down"):
+        migrate(new_db)
+    assert _recorded(new_db) == before
+
+
+def test_a_database_of_the_alembic_history_is_refused_readably(new_db) -> None:
     with psycopg.connect(new_db, autocommit=True) as c:
         c.execute("CREATE TABLE alembic_version (version_num varchar(32) PRIMARY KEY)")
-        c.execute("INSERT INTO alembic_version VALUES ('0016')")
-    with pytest.raises(RuntimeError, match="before the migrations were rebased"):
+        c.execute("INSERT INTO alembic_version VALUES ('20261215')")
+    with pytest.raises(RuntimeError, match=r"predates cft migrate.*pgdata"):
         migrate(new_db)
 
 
@@ -320,7 +346,7 @@ def test_a_database_a_newer_cft_migrated_is_refused(new_db) -> None:
     with psycopg.connect(new_db) as c:
         c.execute(
             f"INSERT INTO {migrations.TRACKING_TABLE} (kind, name, sha256)"
-            " VALUES ('state', '29991231_later.sql', '')"
+            " VALUES ('state', '0002_later.sql', '')"
         )
-    with pytest.raises(RuntimeError, match=r"29991231_later\.sql"):
+    with pytest.raises(RuntimeError, match=r"0002_later\.sql"):
         migrate(new_db)

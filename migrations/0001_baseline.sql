@@ -1,0 +1,11 @@
+-- The baseline of the state history: sql/state/ (in sql/manifest.txt's order) as of the commit
+-- that added this file. It holds no SQL of its own, so no table is written twice: an empty
+-- database gets sql/ itself and records every migration here as applied, and a database
+-- migrated before this rebase (2026-12-06) is taken over when it has every migration of that
+-- history (REBASED in app/core/migrations.py).
+--
+-- To change a table, write the next migration, migrations/<NNNN>_<what>.sql (0002 next), with
+-- the plain forward-only SQL that brings a database at the previous migration to the new
+-- state, and change the table's file under sql/state/ to match. tests/integration/
+-- test_migrations.py rebuilds sql/state/ at this baseline from git, runs the migrations after
+-- it, then the code of sql/, and checks the catalog equals a fresh apply of sql/.
