@@ -14,7 +14,8 @@ The old code is exported with `git archive` into a temporary directory and runs 
 The fleet: --routes routes (one tenant), each with a prod adapter, --canaries of them with a
 canary at 10 %; --engines replicas of tests/support/engines.py's protocol-faithful fakes
 (SGLang by default: --max-loaded-loras --cap, --max-loras-per-batch --per-batch; or vLLM with
---max-cpu-loras --cap), each load taking a time drawn uniformly from --latency (seconds, real
+--max-cpu-loras --cap; --kind vllm-lazy: new as vllm-lazy, each fake's filesystem resolver
+reading the reconciler's staged folder, against old loading into vLLM), each load taking a time drawn uniformly from --latency (seconds, real
 engines' range) divided by --scale (the run would take hours at real load times: the old
 strategy loads routes x engines adapters one after another). Traffic: --rate calls/s for
 --seconds, Zipf-distributed over the routes (exponent --zipf, random users), from this
@@ -30,7 +31,7 @@ measured per thread in the router process) and of the request path, over the sec
 five hottest adapters of the second half, with the replicas that served each and the busiest
 one's share (a widened adapter's calls spread over two).
 
-Usage: python bench/fleet.py [--kind sglang|vllm] [--routes 10000] [--canaries 200]
+Usage: python bench/fleet.py [--kind sglang|vllm|vllm-lazy] [--routes 10000] [--canaries 200]
        [--engines 4] [--cap 64] [--latency 0.5,2] [--scale 20] [--rate 100] [--seconds 90]
        [--only old|new]
 BENCHMARKS.md, "The fleet at 10,000 routes", has the command and numbers.
@@ -102,7 +103,11 @@ def run_engines(args: argparse.Namespace) -> None:
                 load_latency=(low, high),
             )
         else:
-            fake = FakeVLLM(BASE, max_cpu_loras=args.cap, load_latency=(low, high))
+            # vllm-lazy: vLLM's filesystem resolver over the reconciler's staged folder.
+            resolver = Path(args.resolver_dir) if args.resolver_dir else None
+            fake = FakeVLLM(
+                BASE, max_cpu_loras=args.cap, load_latency=(low, high), resolver_dir=resolver
+            )
 
         fake.app.add_api_route("/bench/stats", _stats_route(fake), methods=["GET"])
         fake.requests = _Capped(fake.requests)
@@ -617,6 +622,11 @@ def run_strategy(
     adapters = len(names) + min(args.canaries, len(names))
     print(f"[{name}] database ready in {time.monotonic() - began:.0f} s ({adapters} adapters)")
     ports = [free_port() for _ in range(args.engines)]
+    serving = tmp / f"{name}-serving"
+    # The old strategy has no vllm-lazy: it loads into vLLM as it always did.
+    kind = {"sglang": "sglang", "vllm": "vllm"}.get(
+        args.kind, "vllm" if name == "old" else "vllm-lazy"
+    )
     engines = Proc(
         [
             sys.executable,
@@ -634,6 +644,8 @@ def run_strategy(
             args.latency,
             "--scale",
             str(args.scale),
+            "--resolver-dir",
+            str(serving) if kind == "vllm-lazy" else "",
         ],
         log=tmp / f"{name}-engines.log",
     )
@@ -643,12 +655,11 @@ def run_strategy(
         for u in urls:
             wait_ready(u + "/health", engines)
         port, cpu_port, metrics_port = free_port(), free_port(), free_port()
-        kind = "sglang" if args.kind == "sglang" else "vllm"
         env = os.environ | {
             "CFT_DATABASE_URL": url,
             "CFT_ENGINE_URLS": ",".join(f"{kind}+{u}" for u in urls),
             "CFT_HOME": str(tmp / f"{name}-home"),
-            "CFT_SERVING_DIR": str(tmp / f"{name}-serving"),
+            "CFT_SERVING_DIR": str(serving),
             "CFT_ARTEFACT_DIR": str(tmp / "store"),
             "CFT_METRICS_PORT": str(metrics_port),
             "PYTHONPATH": str(tree),
@@ -799,7 +810,7 @@ def main() -> None:
     parser.add_argument(
         "role", nargs="?", default="bench", choices=["bench", "engines", "router", "table"]
     )
-    parser.add_argument("--kind", choices=["sglang", "vllm"], default="sglang")
+    parser.add_argument("--kind", choices=["sglang", "vllm", "vllm-lazy"], default="sglang")
     parser.add_argument("--routes", type=int, default=10_000)
     parser.add_argument("--canaries", type=int, default=200)
     parser.add_argument("--engines", type=int, default=4)
@@ -819,6 +830,7 @@ def main() -> None:
     parser.add_argument("--json", type=Path, help="write the results here too")
     # Internal: the children's arguments.
     parser.add_argument("--ports", default="")
+    parser.add_argument("--resolver-dir", default="")
     parser.add_argument("--tree", default="")
     parser.add_argument("--port", type=int, default=0)
     parser.add_argument("--cpu-port", type=int, default=0)
