@@ -373,3 +373,48 @@ def test_want_loads_an_adapter_now_a_candidate_too_until_it_is_retired(stack: St
             wait_until(lambda: candidate not in fake.loras, "unloaded once retired")
         finally:
             rec.stop()
+
+
+def test_lazy_engines_stage_what_is_asked_first_and_name_it_before_the_rest(
+    stack: Stack, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A cold fleet of engines that load on first use: one staging for all of them, an asked
+    adapter (the router's first call) staged and nameable before the rest, and an ask that
+    comes while the pass stages the rest staged next."""
+    from app.engines.state import EngineState
+    from workers.reconciler import reconciler as module
+
+    monkeypatch.setattr(module, "PUBLISH_EVERY_S", 0.0)  # publish and take asks each adapter
+    serving = stack.settings.serving_path
+    serving.mkdir(parents=True)
+    prods = [stack.adapter(status="prod", pct=100, route=stack.add_route()) for _ in range(12)]
+    first, late = prods[7], prods[-1]
+    fakes = [FakeVLLM(BASE, resolver_dir=serving) for _ in range(2)]
+    with serve_app(fakes[0].app, ready_path="/health") as a, serve_app(fakes[1].app) as b:
+        engines = [EngineState.parse(f"vllm-lazy+{url}") for url in (a, b)]
+        rec = module.Reconciler(
+            stack.db_url, engines, serving_dir=serving, settings=stack.settings, interval=60.0
+        )
+        order: list[str] = []
+        nameable: list[bool] = []
+        prepare = rec.stager.prepare
+
+        def watched(adapter: object) -> Path:
+            order.append(adapter.id)  # type: ignore[attr-defined]
+            nameable.append(all(e.has(first) for e in engines))
+            if len(order) == 3:
+                rec.asked(late)  # a call for another adapter while the pass stages
+            return prepare(adapter)  # type: ignore[arg-type]
+
+        monkeypatch.setattr(rec.stager, "prepare", watched)
+        try:
+            rec.asked(first)
+            report = rec.run_once()
+        finally:
+            rec.close()
+    assert sorted(order) == sorted(prods)  # each staged once, for both engines
+    assert order[0] == first and nameable[1:] == [True] * 11
+    assert order[3] == late
+    assert len(report.loaded) == 24 and report.failed == []
+    assert all(e.models == set(prods) for e in engines)
+    assert not any(p == "/v1/load_lora_adapter" for f in fakes for p in f.paths())

@@ -97,6 +97,9 @@ DESIRED_REREAD_S = 600.0
 # this often: the hot set's order is for what is loaded ahead, and a
 # called adapter is loaded by its call anyway.
 RESHARE_ON_CALLS_S = 60.0
+# While a pass stages many adapters for engines that load on first use, what it staged is made
+# nameable (and new asks taken first) this often.
+PUBLISH_EVERY_S = 0.2
 
 
 @dataclass
@@ -382,9 +385,8 @@ class Reconciler(PassLoop):
                     engine.models = None
                     self.prober.observe(engine, engine.resident, loaded)
         serving = desired | wanted if wanted else desired
-        for engine in self.engines:
-            if engine.url in up and not kind_of(engine.kind).loads_adapters:
-                self._reconcile_staged(engine, serving, report)
+        staging = [e for e in self.engines if e.url in up and not kind_of(e.kind).loads_adapters]
+        self._reconcile_staged(conn, staging, serving, asked, report)
         loading = [e for e in self.engines if e.url in up and kind_of(e.kind).loads_adapters]
         for engine in loading:
             self._note_listed(engine, serving)
@@ -580,42 +582,79 @@ class Reconciler(PassLoop):
         return True
 
     def _reconcile_staged(
-        self, engine: EngineState, serving: dict[str, Desired], rep: PassReport
+        self,
+        conn: Connection,
+        engines: list[EngineState],
+        serving: dict[str, Desired],
+        asked: set[str],
+        rep: PassReport,
     ) -> None:
-        """An engine that loads on first use (LoRAX, vllm-lazy): stage verified artefacts where
-        it reads them; no engine call but its probe (and, vllm-lazy, the unload of a retired
+        """Engines that load on first use (LoRAX, vllm-lazy) read the one serving directory:
+        stage each verified artefact there once for all of them, the adapters asked for first,
+        and let the router name each as soon as it is staged (a cold fleet stages thousands:
+        what is done is published every PUBLISH_EVERY_S, and an ask that comes meanwhile is
+        staged next). No engine call but the probe (and, vllm-lazy, the unload of a retired
         adapter it took on a call)."""
-        kind = kind_of(engine.kind)
-        loaded = self.deployments.on(engine.url)
-        now = time.monotonic()
-        for adapter_id in serving.keys() - loaded:
+        if not engines:
+            return
+        missing = {e.url: serving.keys() - self.deployments.on(e.url) for e in engines}
+        todo = set().union(*missing.values())
+        queue = deque(sorted(todo, key=lambda a: a not in asked))
+        now = published = time.monotonic()
+        staged = 0
+        while queue:
+            if time.monotonic() - published >= PUBLISH_EVERY_S:
+                self._publish_staged(engines, serving)
+                self.deployments.flush(conn, due_only=True)
+                with self._wants_lock:
+                    urgent = [a for a in self._asked if a in todo]
+                queue.extendleft(urgent)  # staged next; their later places are skipped
+                published = time.monotonic()
+            adapter_id = queue.popleft()
+            if adapter_id not in todo:
+                continue
+            todo.discard(adapter_id)
             adapter = serving[adapter_id]
-            failed = self._failed_at.get((adapter_id, engine.url))
+            lacking = [e for e in engines if adapter_id in missing[e.url]]
+            failed = self._failed_at.get((adapter_id, lacking[0].url))
             if failed is not None and now - failed < RETRY_FAILED_AFTER:
                 continue
             try:
                 self.stager.prepare(adapter)
-            except artefacts.ArtefactMismatch as exc:
-                self._refuse(engine, adapter, rep, "sha256", str(exc), True)
-                continue
             except artefacts.ArtefactError as exc:
-                self._refuse(engine, adapter, rep, "fetch", str(exc), False)
+                mismatch = isinstance(exc, artefacts.ArtefactMismatch)
+                for engine in lacking:
+                    reason = "sha256" if mismatch else "fetch"
+                    self._refuse(engine, adapter, rep, reason, str(exc), mismatch)
                 continue
-            self._failed_at.pop((adapter_id, engine.url), None)
-            self.deployments.record(adapter_id, engine.url, "loaded", None, checked=True)
-            rep.loaded.append((adapter_id, engine.url))
-            log.info("staged adapter %s for %s (loaded on first use)", adapter_id, engine.url)
-        for adapter_id in loaded - serving.keys() - self._leaving:
-            # An engine that took it on a call keeps it until told (vLLM's resolver).
-            if kind.unloads_staged and not self._unload(engine, adapter_id):
-                continue  # tried again next pass
-            self.deployments.record(adapter_id, engine.url, "unloaded", None)
-            rep.unloaded.append((adapter_id, engine.url))
-        staged = loaded & serving.keys()
-        if staged != engine.models:
-            engine.adapter_paths = {a: str(self.stager.path(a)) for a in staged}
-            engine.models = staged
-        ROUTER_ACTIVE_ADAPTERS.labels(engine.url).set(len(staged))
+            staged += 1
+            for engine in lacking:
+                self._failed_at.pop((adapter_id, engine.url), None)
+                self.deployments.record(adapter_id, engine.url, "loaded", None, checked=True)
+                rep.loaded.append((adapter_id, engine.url))
+        if staged:
+            log.info(
+                "staged %d adapters for %d engines (loaded on first use)", staged, len(engines)
+            )
+        for engine in engines:
+            kind = kind_of(engine.kind)
+            for adapter_id in self.deployments.on(engine.url) - serving.keys() - self._leaving:
+                # An engine that took it on a call keeps it until told (vLLM's resolver).
+                if kind.unloads_staged and not self._unload(engine, adapter_id):
+                    continue  # tried again next pass
+                self.deployments.record(adapter_id, engine.url, "unloaded", None)
+                rep.unloaded.append((adapter_id, engine.url))
+        self._publish_staged(engines, serving)
+
+    def _publish_staged(self, engines: list[EngineState], serving: dict[str, Desired]) -> None:
+        """What the router may name on each engine that loads on first use: what is staged
+        for it and still served (a new set, swapped in whole for the router's thread)."""
+        for engine in engines:
+            staged = self.deployments.on(engine.url) & serving.keys()
+            if staged != engine.models:
+                engine.adapter_paths = {a: str(self.stager.path(a)) for a in staged}
+                engine.models = staged
+            ROUTER_ACTIVE_ADAPTERS.labels(engine.url).set(len(staged))
 
     def _gauges(self, engine: EngineState, serving: dict[str, Desired]) -> None:
         models = engine.models or set()
