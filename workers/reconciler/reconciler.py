@@ -602,9 +602,11 @@ class Reconciler(PassLoop):
         queue = deque(sorted(todo, key=lambda a: a not in asked))
         now = published = time.monotonic()
         staged = 0
+        fresh: list[str] = []
         while queue:
             if time.monotonic() - published >= PUBLISH_EVERY_S:
-                self._publish_staged(engines, serving)
+                self._publish_staged(engines, serving, fresh)
+                fresh = []
                 self.deployments.flush(conn, due_only=True)
                 with self._wants_lock:
                     urgent = [a for a in self._asked if a in todo]
@@ -628,6 +630,7 @@ class Reconciler(PassLoop):
                     self._refuse(engine, adapter, rep, reason, str(exc), mismatch)
                 continue
             staged += 1
+            fresh.append(adapter_id)
             for engine in lacking:
                 self._failed_at.pop((adapter_id, engine.url), None)
                 self.deployments.record(adapter_id, engine.url, "loaded", None, checked=True)
@@ -644,15 +647,25 @@ class Reconciler(PassLoop):
                     continue  # tried again next pass
                 self.deployments.record(adapter_id, engine.url, "unloaded", None)
                 rep.unloaded.append((adapter_id, engine.url))
-        self._publish_staged(engines, serving)
+        self._publish_staged(engines, serving, None)
 
-    def _publish_staged(self, engines: list[EngineState], serving: dict[str, Desired]) -> None:
+    def _publish_staged(
+        self, engines: list[EngineState], serving: dict[str, Desired], fresh: list[str] | None
+    ) -> None:
         """What the router may name on each engine that loads on first use: what is staged
-        for it and still served (a new set, swapped in whole for the router's thread)."""
+        for it and still served. `fresh`: only these were staged since the last time (added
+        in place, as the router's own forget() removes); None: made again whole."""
         for engine in engines:
-            staged = self.deployments.on(engine.url) & serving.keys()
+            on = self.deployments.on(engine.url)
+            if fresh is not None and engine.models is not None:
+                mine = [a for a in fresh if a in on]
+                engine.adapter_paths.update((a, str(self.stager.path(a))) for a in mine)
+                engine.models.update(mine)
+                continue
+            staged = on & serving.keys()
             if staged != engine.models:
-                engine.adapter_paths = {a: str(self.stager.path(a)) for a in staged}
+                known = engine.adapter_paths
+                engine.adapter_paths = {a: known.get(a) or str(self.stager.path(a)) for a in staged}
                 engine.models = staged
             ROUTER_ACTIVE_ADAPTERS.labels(engine.url).set(len(staged))
 
