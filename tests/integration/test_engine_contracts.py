@@ -418,3 +418,32 @@ def test_lazy_engines_stage_what_is_asked_first_and_name_it_before_the_rest(
     assert len(report.loaded) == 24 and report.failed == []
     assert all(e.models == set(prods) for e in engines)
     assert not any(p == "/v1/load_lora_adapter" for f in fakes for p in f.paths())
+
+
+def test_an_ask_for_an_adapter_not_staged_is_staged_at_once_not_at_the_next_pass(
+    stack: Stack,
+) -> None:
+    """want() for a candidate (a fine-tuned model called by name) on an engine that loads on
+    first use: staged by a pass it starts, not the pass a minute later."""
+    from app.engines.state import EngineState
+    from workers.reconciler.reconciler import Reconciler
+
+    serving = stack.settings.serving_path
+    serving.mkdir(parents=True)
+    fake = FakeVLLM(BASE, resolver_dir=serving)
+    candidate = stack.adapter(status="candidate")
+    with serve_app(fake.app, ready_path="/health") as url:
+        engine = EngineState.parse(f"vllm-lazy+{url}")
+        rec = Reconciler(
+            stack.db_url, [engine], serving_dir=serving, settings=stack.settings, interval=60.0
+        )
+        rec.start()
+        try:
+            wait_until(lambda: rec.passes >= 1, "the first pass")
+            assert not engine.has(candidate)  # a candidate is not desired: nothing staged
+            rec.want(candidate)
+            wait_until(lambda: engine.has(candidate), "the asked-for staging", timeout=2.0)
+            assert (serving / candidate / "adapter_config.json").is_file()
+            assert not any(p == "/v1/load_lora_adapter" for p in fake.paths())
+        finally:
+            rec.stop()

@@ -198,7 +198,8 @@ class Reconciler(PassLoop):
 
     def between_passes(self, conn: Connection) -> None:
         """Serve the asks that came since the last pass: the leader loads each into its engine
-        (nothing else: no whole pass); another reconciler passes them to the leader."""
+        (nothing else: no whole pass), and has a pass stage at once what an engine that loads
+        on first use lacks; another reconciler passes them to the leader."""
         with self._wants_lock:
             asked, self._asked = self._asked, set()
         if not asked:
@@ -212,10 +213,19 @@ class Reconciler(PassLoop):
                     conn.execute("SELECT pg_notify(%s, %s)", (WANT_CHANNEL, adapter_id))
                 return
             if self._desired is None or self.deployments.loaded is None:
-                self._kick.set()  # no pass yet: the first one serves them
+                with self._wants_lock:  # no pass yet: the first one serves them, first
+                    self._asked |= asked
+                self._kick.set()
                 return
             up = {e.url for e in self.engines if e.up and e.models is not None}
-            loading = [e for e in self.engines if e.url in up and kind_of(e.kind).loads_adapters]
+            up_engines = [e for e in self.engines if e.url in up]
+            loading = [e for e in up_engines if kind_of(e.kind).loads_adapters]
+            staging = [e for e in up_engines if not kind_of(e.kind).loads_adapters]
+            unstaged = {a for a in asked if not any(e.has(a) for e in staging)}
+            if staging and unstaged:  # staged by a pass now, these first
+                with self._wants_lock:
+                    self._asked |= unstaged
+                self._kick.set()
             for adapter in self._asked_rows(conn, asked, self._desired).values():
                 self._route_want(adapter, up)
             pins = {url: share.pinned for url, share in self._shares.items()}
