@@ -21,9 +21,17 @@ def _git(*args: str) -> str:
 
 
 def baseline_commit() -> str | None:
-    """The commit that added migrations/<BASELINE>; None while that file is not committed."""
+    """The commit that added migrations/<BASELINE>; None while that file is not committed, or
+    outside a git checkout while no migration follows the baseline (the state is sql/state/)."""
     path = f"migrations/{migrations.BASELINE}"
-    commit = _git("log", "--diff-filter=A", "--format=%H", "-1", "--", path)
+    try:
+        commit = _git("log", "--diff-filter=A", "--format=%H", "-1", "--", path)
+    except (OSError, subprocess.CalledProcessError) as exc:
+        if migrations.migration_names()[1:]:
+            raise RuntimeError(
+                "the state history is rebuilt from git, and this tree is not a git checkout"
+            ) from exc
+        return None
     shallow = commit and _git("rev-parse", "--is-shallow-repository") == "true"
     if shallow and migrations.migration_names()[1:]:
         raise RuntimeError(
