@@ -218,9 +218,7 @@ class Reconciler(PassLoop):
                 self._kick.set()
                 return
             up = {e.url for e in self.engines if e.up and e.models is not None}
-            up_engines = [e for e in self.engines if e.url in up]
-            loading = [e for e in up_engines if kind_of(e.kind).loads_adapters]
-            staging = [e for e in up_engines if not kind_of(e.kind).loads_adapters]
+            loading, staging = self._by_kind(up)
             unstaged = {a for a in asked if not any(e.has(a) for e in staging)}
             if staging and unstaged:  # staged by a pass now, these first
                 with self._wants_lock:
@@ -352,6 +350,12 @@ class Reconciler(PassLoop):
 
     # -- engines --------------------------------------------------------------------------
 
+    def _by_kind(self, up: set[str]) -> tuple[list[EngineState], list[EngineState]]:
+        """The engines up: those the reconciler loads into, those that load on first use."""
+        engines = [e for e in self.engines if e.url in up]
+        loading = [e for e in engines if kind_of(e.kind).loads_adapters]
+        return loading, [e for e in engines if not kind_of(e.kind).loads_adapters]
+
     def _probe(self, engine: EngineState, report: PassReport) -> bool:
         """Probe the engine (workers/reconciler/probe.py); note it down when it does not
         answer."""
@@ -367,9 +371,7 @@ class Reconciler(PassLoop):
         if kind_of(engine.kind).loads_adapters:
             return
         ours = records.loaded_on(conn, engine.url)
-        staged = {a for a in desired if a in ours and self.stager.is_staged(a)}
-        engine.adapter_paths = {a: str(self.stager.path(a)) for a in staged}
-        engine.models = staged
+        self._name_staged(engine, {a for a in desired if a in ours and self.stager.is_staged(a)})
 
     # -- leading --------------------------------------------------------------------------
 
@@ -395,9 +397,8 @@ class Reconciler(PassLoop):
                     engine.models = None
                     self.prober.observe(engine, engine.resident, loaded)
         serving = desired | wanted if wanted else desired
-        staging = [e for e in self.engines if e.url in up and not kind_of(e.kind).loads_adapters]
+        loading, staging = self._by_kind(up)
         self._reconcile_staged(conn, staging, serving, asked, report)
-        loading = [e for e in self.engines if e.url in up and kind_of(e.kind).loads_adapters]
         for engine in loading:
             self._note_listed(engine, serving)
         shares = self._place(serving, loading, called)
@@ -664,7 +665,8 @@ class Reconciler(PassLoop):
     ) -> None:
         """What the router may name on each engine that loads on first use: what is staged
         for it and still served. `fresh`: only these were staged since the last time (added
-        in place, as the router's own forget() removes); None: made again whole."""
+        in place, as the router's own forget() removes); None: made again whole when it
+        changed."""
         for engine in engines:
             on = self.deployments.on(engine.url)
             if fresh is not None and engine.models is not None:
@@ -674,10 +676,15 @@ class Reconciler(PassLoop):
                 continue
             staged = on & serving.keys()
             if staged != engine.models:
-                known = engine.adapter_paths
-                engine.adapter_paths = {a: known.get(a) or str(self.stager.path(a)) for a in staged}
-                engine.models = staged
+                self._name_staged(engine, staged)
             ROUTER_ACTIVE_ADAPTERS.labels(engine.url).set(len(staged))
+
+    def _name_staged(self, engine: EngineState, staged: set[str]) -> None:
+        """Make `staged` what the router may name on an engine that loads on first use, each
+        with the folder it reads (a new list, swapped in whole for the router's thread)."""
+        known = engine.adapter_paths
+        engine.adapter_paths = {a: known.get(a) or str(self.stager.path(a)) for a in staged}
+        engine.models = staged
 
     def _gauges(self, engine: EngineState, serving: dict[str, Desired]) -> None:
         models = engine.models or set()
